@@ -1,0 +1,24 @@
+#!/usr/bin/env python
+"""Evaluate few-shot methods on balanced and Dirichlet-imbalanced episodes.
+
+Usage: python evaluate.py [key=value ...]   (defaults: conf/evaluate.yaml, conf/method/<name>.yaml)
+  python evaluate.py                                     # built-in digits demo
+  python evaluate.py features=novel.pt shots=[1,5] alphas=[1,2,4,balanced] tasks=1000
+  python evaluate.py features=novel.plk allow_pickle=true method.putm.rho=0.7
+"""
+
+import sys
+
+from lightning_putm.cli import run_cli
+from lightning_putm.evaluation import run_evaluate
+
+
+def main(argv: list[str]) -> None:
+    """Evaluate few-shot methods on episodes. Usage: python evaluate.py [key=value ...]
+    Keys: see conf/evaluate.yaml (features, methods, ways, shots, queries, alphas, tasks, seed, device,
+    output_dir, ...) and conf/method/<name>.yaml (as method.<name>.<key>=value)."""
+    run_evaluate(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))

@@ -1,0 +1,99 @@
+"""Configuration: plain YAML in ``conf/`` merged with command-line ``key=value`` overrides (omegaconf).
+
+Strict by design: an unknown key is an error that lists the valid keys at that level, never silently
+ignored, so a typo in a sweep cannot quietly run the default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from lightning_putm.errors import ConfigError
+
+
+def conf_dir() -> Path:
+    """The ``conf/`` folder: ``$LIGHTNING_PUTM_CONF`` if set, else the one beside the package."""
+    env = os.environ.get("LIGHTNING_PUTM_CONF")
+    path = Path(env) if env else Path(__file__).resolve().parents[1] / "conf"
+    if not path.is_dir():
+        raise ConfigError(
+            f"config folder not found: {path}. Install the project with `pip install -e .` from its checkout, "
+            "or point LIGHTNING_PUTM_CONF at its conf/ folder"
+        )
+    return path
+
+
+def load_yaml(path: Path) -> DictConfig:
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as exc:  # yaml syntax errors
+        raise ConfigError(f"cannot parse {path}: {exc}") from exc
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{path} must hold a mapping of keys to values")
+    return cfg
+
+
+def group_options(group: str) -> list[str]:
+    """Names of the YAML files in ``conf/<group>/`` (e.g. the available methods)."""
+    folder = conf_dir() / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def load_group(group: str, name: str) -> DictConfig:
+    options = group_options(group)
+    if name not in options:
+        raise ConfigError(f"unknown {group} {name!r}; available: {', '.join(options) or '(none)'}")
+    return load_yaml(conf_dir() / group / f"{name}.yaml")
+
+
+def split_override(text: str) -> tuple[str, str]:
+    if "=" not in text or text.startswith("="):
+        raise ConfigError(f"cannot read argument {text!r}: write overrides as key=value (e.g. shots=[1,5])")
+    key, value = text.split("=", 1)
+    return key.strip(), value
+
+
+def parse_value(key: str, raw: str) -> Any:
+    """YAML-parse one override value (``[1,5]`` → list, ``0.5`` → float, ``balanced`` → str)."""
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist([f"value={raw}"]))["value"]
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"cannot parse the value of {key}: {raw!r} ({exc})") from exc
+
+
+def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
+    """Merge ``key=value`` overrides into ``cfg``; unknown keys raise :class:`ConfigError`."""
+    cfg = cfg.copy()
+    for text in overrides:
+        key, raw = split_override(text)
+        _check_key(cfg, key)
+        value = parse_value(key, raw)
+        OmegaConf.update(cfg, key, value, merge=False, force_add=False)
+    return cfg
+
+
+def _check_key(cfg: DictConfig, dotted: str) -> None:
+    node: Any = cfg
+    walked: list[str] = []
+    for part in dotted.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            where = ".".join(walked) or "top level"
+            valid = ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else "(none)"
+            raise ConfigError(f"unknown config key {dotted!r} (no {part!r} at {where}); valid keys there: {valid}")
+        walked.append(part)
+        node = node[part]
+
+
+def to_container(cfg: DictConfig | ListConfig) -> Any:
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

@@ -1,0 +1,219 @@
+"""The episode bank: seeded balanced and Dirichlet-imbalanced few-shot tasks (DESIGN §2).
+
+Follows the realistic-imbalance protocol of Veilleux et al. (NeurIPS 2021) used by PUTM (Tian et al.,
+ICCV 2023): N classes drawn uniformly, K support images per class, Q queries in total whose per-class
+counts are either Q/N (balanced) or Dirichlet(α·1_N) proportions rounded to integers summing to Q.
+
+The bank is a pure function of (labels of the split, N, K, Q, sampling mode, α, number of tasks, seed):
+the same arguments give identical tasks on any machine, so every method is judged on the same tasks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.tasks import TaskBatch
+
+MAX_REDRAWS = 1000
+
+
+def round_counts_to_total(expected: np.ndarray, total: int) -> np.ndarray:
+    """Round expected counts ``p·Q`` to integers summing exactly to ``total`` (DESIGN §2).
+
+    Round each entry; while the sum differs from ``total``, take the entry whose fractional part is
+    closest to 0.5 (first one on ties) and floor it (sum too large) or ceil it (sum too small). An entry
+    changed this way has fractional part 0 and is not picked again. Rounding is NumPy's round-half-to-even,
+    as in the realistic-imbalance benchmark's sampler.
+    """
+    values = np.asarray(expected, dtype=np.float64).copy()
+    for _ in range(2 * len(values) + 1):
+        current = int(np.round(values).sum())
+        if current == total:
+            return np.round(values).astype(np.int64)
+        fractional = values - np.floor(values)
+        index = int(np.argmin(np.abs(fractional - 0.5)))
+        values[index] = np.floor(values[index]) if current > total else np.ceil(values[index])
+    raise ValueError(f"cannot round {expected} to total {total}")  # unreachable when sum(expected) == total
+
+
+def dirichlet_query_counts(rng: np.random.Generator, alpha: float, ways: int, total: int) -> np.ndarray:
+    """Per-class query counts: proportions ``p ~ Dir(α·1_N)`` times ``total``, rounded to sum to ``total``."""
+    proportions = rng.dirichlet(np.full(ways, float(alpha)))
+    return round_counts_to_total(proportions * total, total)
+
+
+@dataclass
+class TaskTensors:
+    """A gathered bank: what methods see (``batch``) and what only the scorer sees (``query_labels``)."""
+
+    batch: TaskBatch
+    query_labels: torch.Tensor  # [T, Q] in 0..N-1
+
+
+@dataclass
+class EpisodeBank:
+    """Indices of ``T`` tasks into a feature set; per-task class ids, image indices and query counts."""
+
+    ways: int
+    shots: int
+    queries: int
+    alpha: float | None  # None: balanced
+    seed: int
+    class_ids: torch.Tensor  # [T, N] dataset class indices
+    support_indices: torch.Tensor  # [T, N*K] rows of the feature set, class-major
+    support_labels: torch.Tensor  # [T, N*K] in 0..N-1
+    query_indices: torch.Tensor  # [T, Q] rows of the feature set, shuffled within a task
+    query_labels: torch.Tensor  # [T, Q] in 0..N-1
+    query_counts: torch.Tensor  # [T, N]
+    task_seeds: torch.Tensor  # [T] for stochastic methods
+
+    @property
+    def sampling(self) -> str:
+        return "balanced" if self.alpha is None else "dirichlet"
+
+    @property
+    def alpha_label(self) -> str:
+        return "balanced" if self.alpha is None else f"{self.alpha:g}"
+
+    def __len__(self) -> int:
+        return int(self.class_ids.shape[0])
+
+    def gather(self, features: torch.Tensor, device: torch.device | str | None = None) -> TaskTensors:
+        """Index ``features [n, d]`` into support ``[T, N*K, d]`` and query ``[T, Q, d]`` tensors."""
+        device = features.device if device is None else torch.device(device)
+        feats = features.to(device)
+        batch = TaskBatch(
+            support=feats[self.support_indices.to(device)],
+            support_labels=self.support_labels.to(device),
+            query=feats[self.query_indices.to(device)],
+            ways=self.ways,
+            task_seeds=self.task_seeds.clone(),
+        )
+        return TaskTensors(batch, self.query_labels.to(device))
+
+    def imbalance(self) -> dict[str, torch.Tensor]:
+        """Per-task imbalance: max/min count ratio (inf when a class gets 0) and normalised entropy."""
+        counts = self.query_counts.double()
+        p = counts / counts.sum(1, keepdim=True)
+        entropy = -(p * p.clamp_min(1e-300).log()).sum(1) / math.log(self.ways)
+        ratio = counts.max(1).values / counts.min(1).values  # inf where a class has no query
+        return {"max_min_ratio": ratio, "normalised_entropy": entropy}
+
+
+def bank_seed(seed: int, **parameters: object) -> int:
+    """A stable 64-bit seed from the user seed and the bank parameters (not Python's salted ``hash``)."""
+    text = json.dumps({"seed": int(seed), **parameters}, sort_keys=True)
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+def sample_episode_bank(
+    labels: torch.Tensor,
+    ways: int,
+    shots: int,
+    queries: int,
+    alpha: float | None,
+    tasks: int,
+    seed: int,
+    max_redraws: int = MAX_REDRAWS,
+    class_names: list[str] | None = None,
+) -> EpisodeBank:
+    """Draw ``tasks`` episodes from the rows labelled ``labels`` (DESIGN §2); ``alpha=None`` is balanced."""
+    labels_np = torch.as_tensor(labels).cpu().numpy().astype(np.int64)
+    _check_parameters(labels_np, ways, shots, queries, alpha, tasks)
+    num_classes = int(labels_np.max()) + 1
+    rows_of_class = [np.flatnonzero(labels_np == c) for c in range(num_classes)]
+    present = np.array([c for c in range(num_classes) if len(rows_of_class[c]) > 0])
+    sizes = np.array([len(r) for r in rows_of_class])
+    if len(present) < ways:
+        raise DataError(
+            f"ways={ways} but the split has only {len(present)} classes with images; lower `ways` or use a larger split"
+        )
+    name = (lambda c: class_names[c]) if class_names else (lambda c: f"class {c}")
+    too_small = [c for c in present if sizes[c] < shots + (0 if alpha is not None else queries // ways)]
+    if alpha is None and too_small:
+        c = too_small[0]
+        raise DataError(
+            f"{name(c)} has {sizes[c]} images but balanced tasks need shots + queries/ways = "
+            f"{shots} + {queries // ways} = {shots + queries // ways}; lower `shots` or `queries`"
+        )
+
+    rng = np.random.default_rng(
+        bank_seed(seed, ways=ways, shots=shots, queries=queries, alpha=alpha, tasks=tasks, classes=int(len(present)))
+    )
+    class_ids = np.empty((tasks, ways), dtype=np.int64)
+    support = np.empty((tasks, ways * shots), dtype=np.int64)
+    query = np.empty((tasks, queries), dtype=np.int64)
+    query_labels = np.empty((tasks, queries), dtype=np.int64)
+    counts_all = np.empty((tasks, ways), dtype=np.int64)
+    for t in range(tasks):
+        chosen = rng.choice(present, size=ways, replace=False)
+        counts = _draw_counts(rng, chosen, sizes, ways, shots, queries, alpha, max_redraws, name)
+        q_rows, q_labels = [], []
+        for k, c in enumerate(chosen):
+            perm = rng.permutation(rows_of_class[c])
+            support[t, k * shots : (k + 1) * shots] = perm[:shots]
+            q_rows.append(perm[shots : shots + counts[k]])
+            q_labels.append(np.full(counts[k], k))
+        order = rng.permutation(queries)
+        query[t] = np.concatenate(q_rows)[order]
+        query_labels[t] = np.concatenate(q_labels)[order]
+        class_ids[t] = chosen
+        counts_all[t] = counts
+    support_labels = np.repeat(np.arange(ways), shots)[None].repeat(tasks, 0)
+    task_seeds = rng.integers(0, 2**62, size=tasks)
+    return EpisodeBank(
+        ways=ways,
+        shots=shots,
+        queries=queries,
+        alpha=None if alpha is None else float(alpha),
+        seed=int(seed),
+        class_ids=torch.from_numpy(class_ids),
+        support_indices=torch.from_numpy(support),
+        support_labels=torch.from_numpy(support_labels),
+        query_indices=torch.from_numpy(query),
+        query_labels=torch.from_numpy(query_labels),
+        query_counts=torch.from_numpy(counts_all),
+        task_seeds=torch.from_numpy(task_seeds),
+    )
+
+
+def _draw_counts(rng, chosen, sizes, ways, shots, queries, alpha, max_redraws, name) -> np.ndarray:
+    """Query counts for the chosen classes, redrawing the proportions while a class is too small."""
+    if alpha is None:
+        return np.full(ways, queries // ways, dtype=np.int64)
+    for _ in range(max_redraws):
+        counts = dirichlet_query_counts(rng, alpha, ways, queries)
+        if np.all(sizes[chosen] >= shots + counts):
+            return counts
+    short = int(np.argmax(shots + counts - sizes[chosen]))
+    c = chosen[short]
+    raise DataError(
+        f"after {max_redraws} Dirichlet redraws, {name(c)} has {sizes[c]} images but the task asks for "
+        f"shots + queries = {shots} + {counts[short]} = {shots + counts[short]}. "
+        f"Lower `queries` (now {queries}) or `shots`, raise alpha, or use a split with more images per class"
+    )
+
+
+def _check_parameters(labels: np.ndarray, ways: int, shots: int, queries: int, alpha: float | None, tasks: int) -> None:
+    if labels.ndim != 1 or labels.size == 0:
+        raise DataError("the split has no labelled images; check the data root and split")
+    if labels.min() < 0:
+        raise DataError("labels must be non-negative class indices")
+    for key, value, low in (("ways", ways, 2), ("shots", shots, 1), ("queries", queries, 1), ("tasks", tasks, 1)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
+            raise ConfigError(f"`{key}` must be an integer >= {low}, got {value!r}")
+    if alpha is not None:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+            raise ConfigError(f"Dirichlet alpha must be a positive number (or `balanced`), got {alpha!r}")
+    elif queries % ways:
+        raise ConfigError(
+            f"balanced tasks need queries divisible by ways; got queries={queries}, ways={ways} "
+            f"(use queries={ways * max(1, round(queries / ways))})"
+        )

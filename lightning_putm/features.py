@@ -1,0 +1,183 @@
+"""Feature sets: the in-memory type, our safe on-disk cache, and the legacy pickle reader.
+
+Transductive few-shot methods work on pre-extracted backbone features, so features are the hand-off
+point between a backbone (or a file from another project) and the episode bank.
+
+* Our own format (``.pt``) is a plain dict of tensors and a JSON string, read with
+  ``torch.load(weights_only=True)``, which cannot execute code. It is written atomically (temporary
+  file + ``os.replace``) so an interrupted write never leaves a half-written file under the real name.
+* The widely shared ``{int label: list of (d,) arrays}`` pickle (e.g. ``novel.plk`` from the S2M2 and
+  PT-MAP code bases) runs arbitrary code when loaded, so it is read only with ``allow_pickle=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from lightning_putm.errors import FeatureError
+
+FORMAT_NAME = "lightning-putm-features"
+FORMAT_VERSION = 1
+PICKLE_SUFFIXES = (".plk", ".pkl", ".pickle")
+
+
+@dataclass
+class FeatureSet:
+    """Float32 features ``[n, d]`` with integer labels ``[n]`` in ``0..C-1``, class names and metadata."""
+
+    features: torch.Tensor
+    labels: torch.Tensor
+    class_names: list[str]
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.features, torch.Tensor) or self.features.dim() != 2:
+            raise FeatureError(
+                f"features must be a 2-D tensor [n, d]; got {getattr(self.features, 'shape', type(self.features))}"
+            )
+        if not isinstance(self.labels, torch.Tensor) or self.labels.dim() != 1:
+            raise FeatureError("labels must be a 1-D tensor [n]")
+        if self.labels.dtype.is_floating_point or self.labels.dtype == torch.bool:
+            raise FeatureError(f"labels must be integers, got dtype {self.labels.dtype}; store class indices 0..C-1")
+        if len(self.labels) != len(self.features):
+            raise FeatureError(f"{len(self.features)} feature rows but {len(self.labels)} labels; they must match")
+        self.features = self.features.float()
+        self.labels = self.labels.long()
+        if len(self.labels) and (self.labels.min() < 0 or self.labels.max() >= len(self.class_names)):
+            raise FeatureError(
+                f"labels must lie in 0..{len(self.class_names) - 1} (one per class name); "
+                f"found {int(self.labels.min())}..{int(self.labels.max())}"
+            )
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def dim(self) -> int:
+        return int(self.features.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.features.shape[0])
+
+    def check_finite(self, source: str = "features") -> None:
+        """Refuse NaN/Inf: one bad row silently poisons every task that draws it."""
+        bad = ~torch.isfinite(self.features).all(dim=1)
+        if bad.any():
+            rows = bad.nonzero().flatten()[:5].tolist()
+            raise FeatureError(
+                f"{source} contain NaN or Inf in {int(bad.sum())} row(s) (first rows: {rows}); "
+                "re-extract the features or drop those rows"
+            )
+
+    def class_sizes(self) -> torch.Tensor:
+        return torch.bincount(self.labels, minlength=self.num_classes)
+
+
+def save_features(feature_set: FeatureSet, path: str | os.PathLike) -> Path:
+    """Write ``feature_set`` atomically in our safe format and return the path."""
+    path = Path(path)
+    payload = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "features": feature_set.features.detach().cpu().contiguous(),
+        "labels": feature_set.labels.detach().cpu().contiguous(),
+        "meta_json": json.dumps({"class_names": feature_set.class_names, "metadata": feature_set.metadata}),
+    }
+    atomic_torch_save(payload, path)
+    return path
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to a temporary file in the same folder, fsync, then rename over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_features(path: str | os.PathLike, allow_pickle: bool = False) -> FeatureSet:
+    """Load a feature file: our ``.pt`` format, or a legacy pickle when ``allow_pickle`` is set."""
+    path = Path(path)
+    if not path.exists():
+        raise FeatureError(f"feature file not found: {path}; check the `features=` path")
+    if path.suffix.lower() in PICKLE_SUFFIXES:
+        return _load_pickle_features(path, allow_pickle)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise FeatureError(
+            f"{path} is not a safe lightning-putm feature file (it needs code execution to load: {exc}). "
+            "If it is a trusted legacy pickle, rename it to .plk/.pkl and pass allow_pickle=true"
+        ) from exc
+    except Exception as exc:  # truncated, random bytes, not a torch file
+        raise FeatureError(f"cannot read feature file {path}: {exc}. The file is corrupt or not a feature file") from exc
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT_NAME:
+        raise FeatureError(
+            f"{path} is a torch file but not a lightning-putm feature file (missing format tag); "
+            "write features with lightning_putm.features.save_features"
+        )
+    try:
+        meta = json.loads(payload["meta_json"])
+        feature_set = FeatureSet(payload["features"], payload["labels"], list(meta["class_names"]), meta["metadata"])
+    except (KeyError, json.JSONDecodeError, TypeError) as exc:
+        raise FeatureError(f"feature file {path} is malformed ({exc!r}); re-create it") from exc
+    feature_set.metadata.setdefault("source", str(path))
+    return feature_set
+
+
+def _load_pickle_features(path: Path, allow_pickle: bool) -> FeatureSet:
+    if not allow_pickle:
+        raise FeatureError(
+            f"{path} is a pickle file. Loading a pickle can run arbitrary code, so it is off by default. "
+            "If you trust the file, pass allow_pickle=true (or convert it once to our safe .pt format with "
+            "lightning_putm.features.save_features)"
+        )
+    with open(path, "rb") as handle:
+        try:
+            raw = pickle.load(handle)  # noqa: S301 - explicit user opt-in above
+        except Exception as exc:
+            raise FeatureError(f"cannot unpickle {path}: {exc}") from exc
+    return feature_set_from_label_dict(raw, source=str(path))
+
+
+def feature_set_from_label_dict(raw: Any, source: str = "dict") -> FeatureSet:
+    """Convert ``{label: list of (d,) or (1, d) arrays}`` (the shared ``.plk`` layout) to a FeatureSet."""
+    if not isinstance(raw, dict) or not raw:
+        raise FeatureError(f"{source}: expected a non-empty dict {{label: list of feature vectors}}, got {type(raw).__name__}")
+    rows: list[torch.Tensor] = []
+    labels: list[int] = []
+    keys = sorted(raw.keys(), key=lambda k: (str(type(k)), k))
+    for index, key in enumerate(keys):
+        vectors = raw[key]
+        if len(vectors) == 0:
+            continue
+        block = torch.stack([torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in vectors])
+        rows.append(block)
+        labels.extend([index] * len(block))
+    dims = {r.shape[1] for r in rows}
+    if len(dims) != 1:
+        raise FeatureError(f"{source}: feature vectors have different lengths {sorted(dims)}; all must share one d")
+    return FeatureSet(
+        torch.cat(rows),
+        torch.tensor(labels, dtype=torch.long),
+        [str(k) for k in keys],
+        {"source": source, "format": "label-dict pickle"},
+    )

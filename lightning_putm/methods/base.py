@@ -1,0 +1,77 @@
+"""One small interface for every few-shot method (inductive or transductive).
+
+A method receives a :class:`~lightning_putm.tasks.TaskBatch` of ``T`` tasks and returns class
+probabilities ``[T, Q, N]`` for every query. Methods know only tensors: no dataset, model, logger or
+Lightning import. Work stays on the device of the input tensors.
+
+Large batches are split into chunks so that the method's working memory stays under
+``memory_budget_mb``; every task is solved independently, so chunking never changes a result.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Callable, ClassVar
+
+import torch
+
+from lightning_putm.tasks import TaskBatch
+
+
+class FewShotMethod(ABC):
+    """Base class: subclasses implement :meth:`solve` for one chunk of tasks."""
+
+    name: ClassVar[str] = "method"
+    #: True when the method needs the class marginal and may receive true counts under ``oracle_prior``.
+    uses_class_prior: ClassVar[bool] = False
+
+    def __init__(self, memory_budget_mb: float = 2048.0, show_progress: bool = False) -> None:
+        if memory_budget_mb <= 0:
+            raise ValueError("memory_budget_mb must be positive")
+        self.memory_budget_mb = float(memory_budget_mb)
+        self.show_progress = show_progress
+
+    @abstractmethod
+    def solve(self, tasks: TaskBatch) -> torch.Tensor:
+        """Class probabilities ``[T, Q, N]`` for one chunk of tasks."""
+
+    def bytes_per_task(self, tasks: TaskBatch) -> int:
+        """Rough peak working memory of one task, used to size chunks (override for heavy methods)."""
+        n = tasks.num_support + tasks.num_queries
+        return 4 * (n * tasks.dim * 4 + tasks.num_queries * tasks.ways * 8)
+
+    def chunk_size(self, tasks: TaskBatch) -> int:
+        budget = self.memory_budget_mb * 2**20
+        return max(1, min(tasks.num_tasks, int(budget // max(1, self.bytes_per_task(tasks)))))
+
+    @torch.no_grad()
+    def check_input(self, tasks: TaskBatch) -> None:
+        if not torch.isfinite(tasks.support).all() or not torch.isfinite(tasks.query).all():
+            from lightning_putm.errors import FeatureError
+
+            raise FeatureError(
+                f"{self.name}: the task features contain NaN or Inf; clean or re-extract the feature file"
+            )
+        if tasks.support_labels.min() < 0 or tasks.support_labels.max() >= tasks.ways:
+            raise ValueError(f"support labels must lie in 0..{tasks.ways - 1}")
+
+    def predict(self, tasks: TaskBatch, on_chunk: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Probabilities ``[T, Q, N]`` for all tasks, solved in memory-bounded chunks."""
+        self.check_input(tasks)
+        size = self.chunk_size(tasks)
+        outputs = []
+        for start in range(0, tasks.num_tasks, size):
+            chunk = tasks.slice(start, min(start + size, tasks.num_tasks))
+            outputs.append(self.solve(chunk))
+            if on_chunk is not None:
+                on_chunk(chunk.num_tasks)
+        return torch.cat(outputs)
+
+    def num_chunks(self, tasks: TaskBatch) -> int:
+        return math.ceil(tasks.num_tasks / self.chunk_size(tasks))
+
+
+def nearest_mean_probabilities(query: torch.Tensor, prototypes: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Softmax over classes of ``-temperature·‖x_j − μ_k‖²``: ``[T, Q, d] × [T, N, d] → [T, Q, N]``."""
+    return torch.softmax(-temperature * torch.cdist(query, prototypes).pow(2), dim=2)
