@@ -80,6 +80,14 @@ class TaskBatch:
 
     def support_means(self, features: torch.Tensor | None = None) -> torch.Tensor:
         """Class means ``[T, N, d]`` of the support rows (of ``features`` if given, same row order)."""
-        rows = self.support if features is None else features
-        one_hot = self.one_hot_support()
-        return one_hot.transpose(1, 2).bmm(rows) / one_hot.sum(1).unsqueeze(2).clamp_min(1)
+        return weighted_class_means(self.support if features is None else features, self.one_hot_support())
+
+
+def weighted_class_means(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``Σ_i w_ik x_i / Σ_i w_ik`` for rows ``[T, n, d]`` and weights ``[T, n, N]`` → ``[T, N, d]``.
+
+    Computed as ``(Xᵀ W)ᵀ``: on CPU this product gives bit-identical results for a task whatever the
+    batch size, whereas ``Wᵀ X`` takes a batch-dependent BLAS path, and iterative solvers amplify that.
+    """
+    totals = rows.transpose(1, 2).bmm(weights).transpose(1, 2)  # [T, N, d]
+    return totals / weights.sum(1).unsqueeze(2).clamp_min(torch.finfo(rows.dtype).tiny)

@@ -32,9 +32,10 @@ from tqdm.auto import tqdm
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.preprocessing import l2_normalise, power_transform, qr_reduce
-from lightning_putm.tasks import TaskBatch
+from lightning_putm.tasks import TaskBatch, weighted_class_means
 
 PROTOTYPE_UPDATES = ("forward", "backward", "mixed")
+GEMM_MIN_WIDTH = 8
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class PUTMSettings:
     init_tasks: int = 1000
     reinit_navigator: bool = False
     prototype_update: str = "forward"
+    canonical_query_order: bool = True
     negative_slope: float = 0.01
 
 
@@ -93,7 +95,14 @@ class Navigator:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(b, x, w)
+            if w.shape[2] < GEMM_MIN_WIDTH:
+                # A width-1 output would take BLAS's GEMV path, whose rounding depends on the batch size
+                # (and Adam amplifies it); zero-padding the width keeps it on the GEMM path, so a task's
+                # result is bit-identical alone or in a batch (tests/test_putm.py checks this).
+                padded = F.pad(w, (0, GEMM_MIN_WIDTH - w.shape[2]))
+                x = torch.bmm(x, padded)[:, :, : w.shape[2]] + b
+            else:
+                x = torch.baddbmm(b, x, w)
             if i < last:
                 x = F.leaky_relu(x, self.negative_slope)
         return x
@@ -122,6 +131,7 @@ class PUTM(FewShotMethod):
         init_tasks: int = 1000,
         reinit_navigator: bool = False,
         prototype_update: str = "forward",
+        canonical_query_order: bool = True,
         memory_budget_mb: float = 2048.0,
         show_progress: bool = False,
     ) -> None:
@@ -149,6 +159,7 @@ class PUTM(FewShotMethod):
             inner_steps=int(inner_steps), em_steps=int(em_steps), lr=float(lr),
             adam_betas=(float(adam_betas[0]), float(adam_betas[1])), hidden=tuple(int(h) for h in hidden),
             init_tasks=int(init_tasks), reinit_navigator=bool(reinit_navigator), prototype_update=prototype_update,
+            canonical_query_order=bool(canonical_query_order),
         )
         self.last_state: dict[str, torch.Tensor] = {}
 
@@ -170,13 +181,23 @@ class PUTM(FewShotMethod):
         return l2_normalise(qr_reduce(x))
 
     def solve(self, tasks: TaskBatch) -> torch.Tensor:
+        order = canonical_query_order(tasks.query) if self.settings.canonical_query_order else None
+        if order is not None:
+            tasks = TaskBatch(tasks.support, tasks.support_labels, tasks.query.gather(1, order.unsqueeze(2).expand_as(tasks.query)),
+                              tasks.ways, tasks.task_seeds)
+        forward = self._solve(tasks)
+        if order is not None:
+            forward = torch.empty_like(forward).scatter_(1, order.unsqueeze(2).expand_as(forward), forward)
+        return forward
+
+    def _solve(self, tasks: TaskBatch) -> torch.Tensor:
         s = self.settings
         with torch.no_grad():
             x = self.preprocess(tasks)
         num_support = tasks.num_support
         query = x[:, num_support:]
         one_hot = tasks.one_hot_support()
-        prototypes = one_hot.transpose(1, 2).bmm(x[:, :num_support]) / one_hot.sum(1).unsqueeze(2)
+        prototypes = weighted_class_means(x[:, :num_support], one_hot)
         initial_prototypes = prototypes.clone()
 
         generators = [torch.Generator().manual_seed(int(seed)) for seed in tasks.task_seeds.tolist()]
@@ -236,9 +257,20 @@ class PUTM(FewShotMethod):
     def m_step(rows: torch.Tensor, support_one_hot: torch.Tensor, query_weights: torch.Tensor,
                prototypes: torch.Tensor, inertia: float) -> torch.Tensor:
         """``μ ← μ + a(μ̂ − μ)`` with μ̂ the weighted mean of support (one-hot) and query rows."""
-        weights = torch.cat([support_one_hot, query_weights], dim=1)  # [T, S+Q, N]
-        estimate = weights.transpose(1, 2).bmm(rows) / weights.sum(1).unsqueeze(2)
+        estimate = weighted_class_means(rows, torch.cat([support_one_hot, query_weights], dim=1))
         return prototypes + inertia * (estimate - prototypes)
+
+
+def canonical_query_order(query: torch.Tensor) -> torch.Tensor:
+    """Per-task permutation ``[T, Q]`` sorting queries by a fixed random projection of their features.
+
+    The QR basis (Gram-Schmidt over support then query rows) depends on the order in which queries are
+    listed, and the navigator is not rotation-invariant, so without a canonical order a task's predictions
+    would change when its queries are shuffled. Sorting first makes PUTM exactly permutation-equivariant.
+    """
+    generator = torch.Generator().manual_seed(0x5EED)
+    direction = torch.randn(query.shape[2], generator=generator).to(query.device, query.dtype)
+    return torch.sort(query @ direction, dim=1, stable=True).indices
 
 
 def ct_loss(cost: torch.Tensor, forward: torch.Tensor, backward: torch.Tensor, rho: float, theta: float) -> torch.Tensor:

@@ -1,0 +1,29 @@
+"""Shared fixtures: small synthetic feature sets with clear class structure (built in memory, no downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from lightning_putm.features import FeatureSet
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+
+
+def make_clustered_features(classes: int = 10, per_class: int = 40, dim: int = 32, spread: float = 0.15,
+                            seed: int = 0) -> FeatureSet:
+    """Non-negative (post-ReLU-like) features: one well-separated cluster per class."""
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.rand(classes, dim, generator=generator) * 2.0
+    labels = torch.arange(classes).repeat_interleave(per_class)
+    noise = spread * torch.randn(classes * per_class, dim, generator=generator)
+    features = (centres[labels] + noise).clamp_min(0.0)
+    return FeatureSet(features, labels, [f"class_{c}" for c in range(classes)], {"source": "synthetic"})
+
+
+@pytest.fixture
+def clustered() -> FeatureSet:
+    return make_clustered_features()

@@ -1,0 +1,144 @@
+"""The episode bank follows DESIGN §2 exactly: counts, rounding, disjointness, seeding, errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_putm.data.episodes import dirichlet_query_counts, round_counts_to_total, sample_episode_bank
+from lightning_putm.errors import ConfigError, DataError
+
+
+def labels_with_sizes(sizes: list[int]) -> torch.Tensor:
+    return torch.cat([torch.full((n,), c) for c, n in enumerate(sizes)])
+
+
+@pytest.mark.parametrize(
+    "expected,total,result",
+    [
+        ([2.6, 2.6, 4.8], 10, [2, 3, 5]),  # sum 11 > 10: floor the fraction closest to .5 (first of a tie)
+        ([1.4, 1.4, 7.2], 10, [2, 1, 7]),  # sum 9 < 10: ceil the fraction closest to .5 (first of a tie)
+        ([0.3, 0.3, 9.4], 10, [0, 0, 10]),  # a class may receive 0 queries
+        ([3.0, 3.0, 4.0], 10, [3, 3, 4]),  # already integral
+        # round -> [0, 1, 3, 10] (10.5 rounds half to even) = 14 < 15; fractions .45 .45 .6 .5 are
+        # .05 .05 .1 0 from .5, so entry 3 is ceiled to 11
+        ([0.45, 1.45, 2.6, 10.5], 15, [0, 1, 3, 11]),
+    ],
+)
+def test_rounding_rule_on_hand_computed_cases(expected, total, result):
+    counts = round_counts_to_total(np.array(expected), total)
+    assert counts.tolist() == result
+    assert counts.sum() == total
+
+
+@pytest.mark.parametrize("alpha,ways,total", [(0.5, 5, 75), (2.0, 5, 75), (1.0, 3, 7), (10.0, 10, 150)])
+def test_dirichlet_counts_sum_to_total(alpha, ways, total):
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        counts = dirichlet_query_counts(rng, alpha, ways, total)
+        assert counts.sum() == total and (counts >= 0).all() and len(counts) == ways
+
+
+def test_mean_dirichlet_proportions_are_uniform():
+    labels = labels_with_sizes([100] * 8)
+    bank = sample_episode_bank(labels, ways=5, shots=1, queries=75, alpha=2.0, tasks=3000, seed=1)
+    proportions = bank.query_counts.double() / 75
+    assert torch.allclose(proportions.mean(0), torch.full((5,), 0.2, dtype=torch.double), atol=0.015)
+    assert (bank.query_counts.sum(1) == 75).all()
+    # imbalance is real: many tasks are far from uniform
+    assert (bank.query_counts.max(1).values >= 30).float().mean() > 0.1
+
+
+def test_balanced_counts_and_any_shape():
+    labels = labels_with_sizes([30] * 6)
+    bank = sample_episode_bank(labels, ways=3, shots=2, queries=12, alpha=None, tasks=20, seed=0)
+    assert (bank.query_counts == 4).all()
+    assert bank.support_indices.shape == (20, 6) and bank.query_indices.shape == (20, 12)
+    dirichlet = sample_episode_bank(labels, ways=4, shots=3, queries=7, alpha=1.0, tasks=20, seed=0)
+    assert (dirichlet.query_counts.sum(1) == 7).all()
+
+
+def test_support_and_query_are_disjoint_and_correctly_labelled():
+    labels = labels_with_sizes([25] * 10)
+    bank = sample_episode_bank(labels, ways=5, shots=5, queries=50, alpha=1.0, tasks=200, seed=3)
+    for t in range(len(bank)):
+        support, query = set(bank.support_indices[t].tolist()), set(bank.query_indices[t].tolist())
+        assert not support & query
+        assert len(support) == 25 and len(query) == 50  # no image drawn twice
+        assert len(set(bank.class_ids[t].tolist())) == 5
+    # labels of drawn rows match the task's class ids
+    assert torch.equal(labels[bank.support_indices], torch.gather(bank.class_ids, 1, bank.support_labels))
+    assert torch.equal(labels[bank.query_indices], torch.gather(bank.class_ids, 1, bank.query_labels))
+    # per-class query counts match the labels
+    counted = torch.stack([torch.bincount(q, minlength=5) for q in bank.query_labels])
+    assert torch.equal(counted, bank.query_counts)
+
+
+def test_same_seed_same_bank_other_seed_other_bank():
+    labels = labels_with_sizes([40] * 12)
+    args = dict(ways=5, shots=1, queries=75, alpha=2.0, tasks=50)
+    a, b = sample_episode_bank(labels, seed=7, **args), sample_episode_bank(labels, seed=7, **args)
+    c = sample_episode_bank(labels, seed=8, **args)
+    for field in ("class_ids", "support_indices", "query_indices", "query_counts", "task_seeds"):
+        assert torch.equal(getattr(a, field), getattr(b, field))
+    assert not torch.equal(a.query_indices, c.query_indices)
+    # the bank depends on every parameter: a different alpha gives different tasks for the same seed
+    d = sample_episode_bank(labels, seed=7, **{**args, "alpha": 3.0})
+    assert not torch.equal(a.query_counts, d.query_counts)
+
+
+def test_gather_builds_batched_tensors():
+    labels = labels_with_sizes([20] * 6)
+    features = torch.arange(len(labels), dtype=torch.float32)[:, None].repeat(1, 3)
+    bank = sample_episode_bank(labels, ways=4, shots=2, queries=8, alpha=2.0, tasks=5, seed=0)
+    gathered = bank.gather(features)
+    assert gathered.batch.support.shape == (5, 8, 3) and gathered.batch.query.shape == (5, 8, 3)
+    assert torch.equal(gathered.batch.query[..., 0].long(), bank.query_indices)
+    assert gathered.batch.ways == 4 and gathered.query_labels.shape == (5, 8)
+
+
+def test_balanced_error_names_the_small_class():
+    labels = labels_with_sizes([30, 30, 30, 30, 10, 30])
+    with pytest.raises(DataError, match=r"class 4 has 10 images.*1 \+ 15 = 16"):
+        sample_episode_bank(labels, ways=5, shots=1, queries=75, alpha=None, tasks=5, seed=0)
+
+
+def test_dirichlet_redraws_are_bounded_then_fail_clearly():
+    labels = labels_with_sizes([6] * 5)  # 5-way, 75 queries can never fit in 6-image classes
+    with pytest.raises(DataError, match=r"after 50 Dirichlet redraws.*has 6 images"):
+        sample_episode_bank(labels, ways=5, shots=1, queries=75, alpha=2.0, tasks=1, seed=0, max_redraws=50)
+
+
+def test_dirichlet_redraw_succeeds_when_possible():
+    labels = labels_with_sizes([20] * 10)  # Omniglot-like: 20 images per class
+    bank = sample_episode_bank(labels, ways=5, shots=1, queries=30, alpha=2.0, tasks=100, seed=0)
+    assert (bank.query_counts.max(1).values <= 19).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        (dict(alpha=0.0), ConfigError),
+        (dict(alpha=-1.0), ConfigError),
+        (dict(alpha=float("nan")), ConfigError),
+        (dict(ways=7), DataError),
+        (dict(queries=74, alpha=None), ConfigError),
+        (dict(shots=0), ConfigError),
+    ],
+)
+def test_bad_parameters_raise_clear_errors(kwargs, error):
+    labels = labels_with_sizes([30] * 6)
+    args = dict(ways=5, shots=1, queries=75, alpha=2.0, tasks=2, seed=0) | kwargs
+    with pytest.raises(error):
+        sample_episode_bank(labels, **args)
+
+
+def test_imbalance_statistics():
+    labels = labels_with_sizes([40] * 8)
+    balanced = sample_episode_bank(labels, ways=5, shots=1, queries=75, alpha=None, tasks=5, seed=0)
+    stats = balanced.imbalance()
+    assert torch.allclose(stats["max_min_ratio"], torch.ones(5, dtype=torch.double))
+    assert torch.allclose(stats["normalised_entropy"], torch.ones(5, dtype=torch.double))
+    skewed = sample_episode_bank(labels, ways=5, shots=1, queries=75, alpha=0.5, tasks=50, seed=0).imbalance()
+    assert (skewed["normalised_entropy"] < 1).all()

@@ -1,0 +1,120 @@
+"""evaluate.py and its config: strict keys, clear errors, one bank for all methods, CSV outputs."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, make_clustered_features
+from lightning_putm.errors import ConfigError
+from lightning_putm.evaluation import load_evaluate_config, run_evaluate, settings_from_config
+from lightning_putm.features import save_features
+
+FAST_PUTM = ["methods=[putm,simpleshot]", "method.putm.em_steps=2", "method.putm.inner_steps=3"]
+
+
+def settings(*overrides):
+    return settings_from_config(load_evaluate_config(list(overrides)))
+
+
+def test_defaults_and_auto_values():
+    s = settings()
+    assert s.features == "demo" and s.tasks == 100 and s.queries == 75 and s.ways == 5
+    assert None in s.alphas and 2.0 in s.alphas
+    assert settings("features=x.pt").tasks == 1000
+    assert settings("ways=3").queries == 45
+    assert settings("shots=3").shots == [3]  # a scalar is accepted as a one-element list
+    assert settings("alphas=[1,2.5,balanced]").alphas == [1.0, 2.5, None]
+    assert settings("method.putm.rho=0.7").method_params["putm"]["rho"] == 0.7
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("metods=[putm]", r"unknown config key 'metods'.*valid keys there: .*methods"),
+        ("method.putm.rh=1", r"unknown config key 'method.putm.rh'.*rho"),
+        ("methods=[putm,nope]", r"unknown method 'nope'; available methods: .*putm"),
+        ("alphas=[0]", r"alpha must be > 0"),
+        ("alphas=[-2,balanced]", r"alpha must be > 0"),
+        ("alphas=[two]", r"neither a positive number nor `balanced`"),
+        ("shots=one", r"`shots` must be a list of positive integers"),
+        ("ways=1", r"`ways` must be an integer >= 2"),
+        ("tasks=0", r"`tasks` must be an integer >= 1"),
+        ("device=cuda:0" if not torch.cuda.is_available() else "device=tpu", r"device"),
+        ("shots", r"key=value"),
+    ],
+)
+def test_bad_config_values_are_clear_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        settings(override)
+
+
+def read_csv(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_end_to_end_on_a_feature_file(tmp_path):
+    features = make_clustered_features(classes=8, per_class=30, dim=16)
+    path = save_features(features, tmp_path / "novel.pt")
+    out = tmp_path / "out"
+    lines: list[str] = []
+    results = run_evaluate(
+        [f"features={path}", f"output_dir={out}", "tasks=4", "shots=[1,2]", "alphas=[2,balanced]", "queries=20",
+         "progress=false", *FAST_PUTM],
+        log=lines.append,
+    )
+    assert len(results) == 2 * 2 * 2  # methods x shots x alphas
+    # every method saw the same tasks for a given (shot, alpha)
+    by_setting = {}
+    for r in results:
+        by_setting.setdefault((r.shots, r.alpha), []).append(r.bank)
+    for banks in by_setting.values():
+        assert all(torch.equal(b.query_indices, banks[0].query_indices) for b in banks)
+    summary = read_csv(out / "results.csv")
+    per_task = read_csv(out / "per_task.csv")
+    assert len(summary) == 8 and len(per_task) == 8 * 4
+    for row in summary:
+        rows = [p for p in per_task if (p["method"], p["shots"], p["alpha"]) == (row["method"], row["shots"], row["alpha"])]
+        mean = 100 * sum(float(p["accuracy"]) for p in rows) / len(rows)
+        assert abs(mean - float(row["accuracy"])) < 1e-3
+    assert all(sum(int(c) for c in p["query_counts"].split(";")) == 20 for p in per_task)
+    assert "tasks: 4" in (out / "config.yaml").read_text()
+    assert any("accuracy (%)" in line for line in lines)  # the table was printed
+    # clustered data: both methods are accurate
+    assert all(float(row["accuracy"]) > 90 for row in summary)
+
+
+def test_same_seed_gives_identical_per_task_csv(tmp_path):
+    args = ["tasks=3", "shots=[1]", "alphas=[2]", "progress=false", *FAST_PUTM]
+    run_evaluate([*args, f"output_dir={tmp_path / 'a'}"], log=lambda _: None)
+    run_evaluate([*args, f"output_dir={tmp_path / 'b'}"], log=lambda _: None)
+    run_evaluate([*args, "seed=1", f"output_dir={tmp_path / 'c'}"], log=lambda _: None)
+    a, b, c = ((tmp_path / d / "per_task.csv").read_bytes() for d in "abc")
+    assert a == b and a != c
+
+
+def run_script(*args):
+    return subprocess.run([sys.executable, str(REPO_ROOT / "evaluate.py"), *args], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=300)
+
+
+def test_script_reports_user_errors_without_traceback():
+    result = run_script("metods=[putm]")
+    assert result.returncode == 2
+    assert "error: unknown config key 'metods'" in result.stderr and "Traceback" not in result.stderr
+    result = run_script("features=/no/such/file.pt")
+    assert result.returncode == 2 and "feature file not found" in result.stderr
+    debug = run_script("metods=[putm]", "debug=true")
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+def test_script_runs_the_demo(tmp_path):
+    result = run_script("tasks=2", "shots=[1]", "progress=false", f"output_dir={tmp_path}", *FAST_PUTM)
+    assert result.returncode == 0, result.stderr
+    assert "effective config" in result.stdout and "simpleshot" in result.stdout
+    assert len(read_csv(tmp_path / "per_task.csv")) == 2 * 2 * 2  # 2 methods x 2 alphas x 2 tasks
