@@ -5,6 +5,9 @@ Usage: python evaluate.py [key=value ...]   (defaults: conf/evaluate.yaml, conf/
   python evaluate.py                                     # built-in digits demo
   python evaluate.py features=novel.pt shots=[1,5] alphas=[1,2,4,balanced] tasks=1000
   python evaluate.py features=novel.plk allow_pickle=true method.putm.rho=0.7
+  python evaluate.py methods=[putm,simpleshot,ptmap,tim,alpha_tim,bdcspn,laplacianshot]   # all peers, one bank
+  python evaluate.py features=novel.pt base_features=base.pt method.tim.iterations=500   # CL2N base mean
+  python evaluate.py methods=[ptmap] oracle_prior=true    # true query counts as PT-MAP's marginal (marked, unfair)
 """
 
 import sys

@@ -20,9 +20,9 @@ from tqdm.auto import tqdm
 from lightning_putm.config import apply_overrides, conf_dir, group_options, load_group, load_yaml, to_container, to_yaml
 from lightning_putm.data.digits import digits_feature_set
 from lightning_putm.data.episodes import EpisodeBank, sample_episode_bank
-from lightning_putm.errors import ConfigError
+from lightning_putm.errors import ConfigError, FeatureError
 from lightning_putm.features import FeatureSet, load_features
-from lightning_putm.methods import available_methods, build_method
+from lightning_putm.methods import available_methods, build_method, method_uses_base_mean, method_uses_class_prior
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
 
 DEMO_TASKS = 100
@@ -47,6 +47,8 @@ class EvaluationSettings:
     memory_budget_mb: float = 2048.0
     progress: bool = True
     method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    base_features: str | None = None  # base-class feature file whose mean CL2N subtracts
+    oracle_prior: bool = False  # give methods with a class prior the TRUE query counts (labelled, unfair)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class SettingResult:
     accuracies: torch.Tensor  # [T] float64
     seconds: float
     bank: EpisodeBank
+    oracle_prior: bool = False  # the method received the true query counts
 
     @property
     def alpha_label(self) -> str:
@@ -72,7 +75,12 @@ class SettingResult:
             "ci95": round(100 * ci, 4),
             "tasks": int(self.accuracies.numel()),
             "seconds": round(self.seconds, 3),
+            "oracle_prior": _flag(self.oracle_prior),
         }
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
 
 
 # --------------------------------------------------------------------------------------------- config
@@ -147,6 +155,11 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     budget = cfg.memory_budget_mb
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
         raise ConfigError(f"`memory_budget_mb` must be a positive number, got {budget!r}")
+    oracle_prior = cfg.get("oracle_prior", False)
+    if not isinstance(oracle_prior, bool):
+        raise ConfigError(f"`oracle_prior` must be true or false, got {oracle_prior!r}")
+    base_features = cfg.get("base_features")
+    base_features = None if base_features in (None, "") else str(base_features)
     return EvaluationSettings(
         features=features,
         methods=methods,
@@ -162,6 +175,8 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         memory_budget_mb=float(budget),
         progress=bool(cfg.progress),
         method_params={name: to_container(cfg.method[name]) for name in methods if name in cfg.method},
+        base_features=base_features,
+        oracle_prior=oracle_prior,
     )
 
 
@@ -174,6 +189,28 @@ def load_feature_source(settings: EvaluationSettings) -> FeatureSet:
     return feature_set
 
 
+def load_base_mean(settings: EvaluationSettings, dim: int, log: Callable[[str], None] = print) -> torch.Tensor | None:
+    """Mean ``[d]`` of the rows of ``base_features`` for CL2N, or ``None`` with one notice when it is not set."""
+    users = [name for name in settings.methods if method_uses_base_mean(name)]
+    if settings.base_features is None:
+        if users:
+            log(f"notice: no base_features file given, so {', '.join(users)} cannot subtract the base-class "
+                "mean (CL2N) and use plain L2 normalisation (L2N) instead; pass base_features=<file> with "
+                "features of the base classes from the same backbone")
+        return None
+    base = load_features(settings.base_features, allow_pickle=settings.allow_pickle)
+    base.check_finite(f"base features from {settings.base_features}")
+    if base.dim != dim:
+        raise FeatureError(
+            f"base_features {settings.base_features} has d={base.dim} but the evaluated features have d={dim}; "
+            "both must come from the same backbone"
+        )
+    if len(base) == 0:
+        raise FeatureError(f"base_features {settings.base_features} has no rows")
+    log(f"base-class mean for CL2N: {len(base)} rows of {settings.base_features}")
+    return base.features.double().mean(0).float()
+
+
 # --------------------------------------------------------------------------------------------- run
 def evaluate_features(
     feature_set: FeatureSet,
@@ -181,6 +218,9 @@ def evaluate_features(
     log: Callable[[str], None] = print,
 ) -> list[SettingResult]:
     """Run every method on the same episode bank for each (shot, α); returns one result per triple."""
+    base_mean = load_base_mean(settings, feature_set.dim, log)
+    if base_mean is not None:
+        base_mean = base_mean.to(settings.device)
     total = len(settings.shots) * len(settings.alphas) * len(settings.methods) * settings.tasks
     bar = tqdm(total=total, desc="tasks", unit="task", disable=not settings.progress, dynamic_ncols=True)
     results: list[SettingResult] = []
@@ -193,31 +233,33 @@ def evaluate_features(
                 )
                 gathered = bank.gather(feature_set.features, settings.device)
                 for name in settings.methods:
+                    oracle = settings.oracle_prior and method_uses_class_prior(name)
                     method = build_method(
                         name, settings.method_params.get(name, {}), shots=shots, balanced=alpha is None,
                         show_progress=settings.progress, memory_budget_mb=settings.memory_budget_mb,
+                        base_mean=base_mean, query_counts=bank.query_counts if oracle else None,
                     )
                     bar.set_postfix_str(f"{name} {shots}-shot alpha={bank.alpha_label}")
                     start = time.perf_counter()
                     probabilities = method.predict(gathered.batch, on_chunk=bar.update)
                     seconds = time.perf_counter() - start
                     accuracies = task_accuracy(probabilities, gathered.query_labels).cpu()
-                    results.append(SettingResult(name, shots, alpha, accuracies, seconds, bank))
+                    results.append(SettingResult(name, shots, alpha, accuracies, seconds, bank, method.oracle_prior))
     finally:
         bar.close()
     return results
 
 
 # --------------------------------------------------------------------------------------------- report
-SUMMARY_COLUMNS = ["method", "shots", "alpha", "accuracy", "ci95", "tasks", "seconds"]
+SUMMARY_COLUMNS = ["method", "shots", "alpha", "accuracy", "ci95", "tasks", "seconds", "oracle_prior"]
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """A fixed-width text table: method, shot, α, accuracy ± 95% CI, tasks, seconds."""
-    header = ["method", "shots", "alpha", "accuracy (%)", "tasks", "time (s)"]
+    """A fixed-width text table: method, shot, α, accuracy ± 95% CI, tasks, seconds, oracle prior."""
+    header = ["method", "shots", "alpha", "accuracy (%)", "tasks", "time (s)", "oracle_prior"]
     body = [
         [str(r["method"]), str(r["shots"]), str(r["alpha"]), f"{r['accuracy']:.2f} ± {r['ci95']:.2f}",
-         str(r["tasks"]), f"{r['seconds']:.1f}"]
+         str(r["tasks"]), f"{r['seconds']:.1f}", str(r.get("oracle_prior", "false"))]
         for r in rows
     ]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
@@ -239,6 +281,7 @@ def per_task_rows(results: list[SettingResult]) -> list[dict[str, Any]]:
                 "alpha": result.alpha_label,
                 "task": t,
                 "accuracy": f"{float(result.accuracies[t]):.6f}",
+                "oracle_prior": _flag(result.oracle_prior),
                 "query_counts": ";".join(str(c) for c in counts),
                 "class_ids": ";".join(str(c) for c in bank.class_ids[t].tolist()),
                 "max_min_ratio": f"{float(imbalance['max_min_ratio'][t]):.4f}",
@@ -288,5 +331,8 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
     results = evaluate_features(feature_set, settings, log)
     paths = write_report(results, settings.output_dir, config_yaml)
     log(format_table([r.summary() for r in results]))
+    if any(r.oracle_prior for r in results):
+        log("WARNING: rows with oracle_prior=true were given the TRUE query counts of every task "
+            "(oracle_prior=true); they are not comparable with fair results")
     log(f"wrote {paths['results']}, {paths['per_task']} and {paths['config']}")
     return results

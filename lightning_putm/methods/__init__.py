@@ -10,34 +10,97 @@ from typing import Any, Callable
 
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
+from lightning_putm.methods.bdcspn import BDCSPN
+from lightning_putm.methods.laplacianshot import LaplacianShot
+from lightning_putm.methods.protonet import ProtoNet
+from lightning_putm.methods.ptmap import PTMAP
 from lightning_putm.methods.putm import PUTM
 from lightning_putm.methods.simpleshot import SimpleShot
+from lightning_putm.methods.tim import TIMGD, AlphaTIM
 
-#: name → factory(params, context) ; context holds shots, balanced, base_mean, show_progress, memory budget.
+#: name → factory(params, context). The context holds shots, balanced, show_progress, memory_budget_mb,
+#: base_mean (a ``[d]`` base-class feature mean, or None) and query_counts (the true ``[T, N]`` query counts,
+#: given ONLY under the explicit oracle_prior switch, and passed on only to methods with a class prior).
 METHOD_REGISTRY: dict[str, Callable[..., FewShotMethod]] = {}
+#: name → method class, so callers can read class flags (uses_base_mean, uses_class_prior) without building.
+METHOD_CLASSES: dict[str, type[FewShotMethod]] = {}
 
 
-def register_method(name: str) -> Callable[[Callable[..., FewShotMethod]], Callable[..., FewShotMethod]]:
+def register_method(
+    name: str, method_class: type[FewShotMethod] | None = None
+) -> Callable[[Callable[..., FewShotMethod]], Callable[..., FewShotMethod]]:
     def decorator(factory: Callable[..., FewShotMethod]) -> Callable[..., FewShotMethod]:
         METHOD_REGISTRY[name] = factory
+        if method_class is not None:
+            METHOD_CLASSES[name] = method_class
         return factory
 
     return decorator
 
 
-@register_method("putm")
+def _common(context: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments every method takes from the evaluation context."""
+    common: dict[str, Any] = {"show_progress": context.get("show_progress", False)}
+    if context.get("memory_budget_mb") is not None:
+        common["memory_budget_mb"] = context["memory_budget_mb"]
+    return common
+
+
+@register_method("putm", PUTM)
 def _build_putm(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
-    return PUTM(shots=context["shots"], balanced=context["balanced"], show_progress=context.get("show_progress", False),
-                **params)
+    return PUTM(shots=context["shots"], balanced=context["balanced"], **_common(context), **params)
 
 
-@register_method("simpleshot")
+@register_method("simpleshot", SimpleShot)
 def _build_simpleshot(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
-    return SimpleShot(base_mean=context.get("base_mean"), show_progress=context.get("show_progress", False), **params)
+    return SimpleShot(base_mean=context.get("base_mean"), **_common(context), **params)
+
+
+@register_method("protonet", ProtoNet)
+def _build_protonet(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
+    return ProtoNet(**_common(context), **params)
+
+
+@register_method("ptmap", PTMAP)
+def _build_ptmap(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
+    return PTMAP(query_counts=context.get("query_counts"), **_common(context), **params)
+
+
+@register_method("tim", TIMGD)
+def _build_tim(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
+    return TIMGD(balanced=context["balanced"], **_common(context), **params)
+
+
+@register_method("alpha_tim", AlphaTIM)
+def _build_alpha_tim(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
+    return AlphaTIM(shots=context["shots"], **_common(context), **params)
+
+
+@register_method("bdcspn", BDCSPN)
+def _build_bdcspn(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
+    return BDCSPN(base_mean=context.get("base_mean"), **_common(context), **params)
+
+
+@register_method("laplacianshot", LaplacianShot)
+def _build_laplacianshot(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
+    return LaplacianShot(shots=context["shots"], balanced=context["balanced"], base_mean=context.get("base_mean"),
+                         **_common(context), **params)
 
 
 def available_methods() -> list[str]:
     return sorted(METHOD_REGISTRY)
+
+
+def method_uses_base_mean(name: str) -> bool:
+    """Whether method ``name`` normalises with a base-class mean (CL2N) when one is given."""
+    cls = METHOD_CLASSES.get(name)
+    return bool(cls is not None and cls.uses_base_mean)
+
+
+def method_uses_class_prior(name: str) -> bool:
+    """Whether method ``name`` uses a class marginal (and so may receive counts under the oracle prior)."""
+    cls = METHOD_CLASSES.get(name)
+    return bool(cls is not None and cls.uses_class_prior)
 
 
 def build_method(name: str, params: dict[str, Any] | None = None, **context: Any) -> FewShotMethod:
@@ -50,5 +113,6 @@ def build_method(name: str, params: dict[str, Any] | None = None, **context: Any
         raise ConfigError(f"method {name!r}: {exc}") from exc
 
 
-__all__ = ["FewShotMethod", "PUTM", "SimpleShot", "METHOD_REGISTRY", "available_methods", "build_method",
-           "register_method"]
+__all__ = ["FewShotMethod", "PUTM", "SimpleShot", "ProtoNet", "PTMAP", "TIMGD", "AlphaTIM", "BDCSPN",
+           "LaplacianShot", "METHOD_REGISTRY", "METHOD_CLASSES", "available_methods", "build_method",
+           "method_uses_base_mean", "method_uses_class_prior", "register_method"]

@@ -6,6 +6,12 @@ Lightning import. Work stays on the device of the input tensors.
 
 Large batches are split into chunks so that the method's working memory stays under
 ``memory_budget_mb``; every task is solved independently, so chunking never changes a result.
+
+Oracle prior (DESIGN §2): a method that needs the class marginal (``uses_class_prior = True``, e.g. PT-MAP)
+uses the uniform one. Only when the user sets the explicit, default-off ``oracle_prior`` switch does the
+evaluation pass the true per-task query counts ``[T, N]`` as ``query_counts``; :meth:`predict` then hands
+each chunk its rows as ``solve(chunk, class_counts=...)`` and :attr:`oracle_prior` is true, so every such
+result can be labelled. No other method ever receives counts.
 """
 
 from __future__ import annotations
@@ -25,12 +31,24 @@ class FewShotMethod(ABC):
     name: ClassVar[str] = "method"
     #: True when the method needs the class marginal and may receive true counts under ``oracle_prior``.
     uses_class_prior: ClassVar[bool] = False
+    #: True when the method normalises with a base-class feature mean (CL2N) and falls back to L2N without one.
+    uses_base_mean: ClassVar[bool] = False
 
-    def __init__(self, memory_budget_mb: float = 2048.0, show_progress: bool = False) -> None:
+    def __init__(self, memory_budget_mb: float = 2048.0, show_progress: bool = False,
+                 query_counts: torch.Tensor | None = None) -> None:
         if memory_budget_mb <= 0:
             raise ValueError("memory_budget_mb must be positive")
+        if query_counts is not None and not self.uses_class_prior:
+            raise ValueError(f"{self.name} does not use a class prior; it must not receive query counts")
         self.memory_budget_mb = float(memory_budget_mb)
         self.show_progress = show_progress
+        #: True per-task query counts ``[T, N]`` (oracle prior only); ``None`` in every fair evaluation.
+        self.oracle_counts = None if query_counts is None else torch.as_tensor(query_counts)
+
+    @property
+    def oracle_prior(self) -> bool:
+        """Whether results of this instance used the true query counts (must be labelled as such)."""
+        return self.oracle_counts is not None
 
     @abstractmethod
     def solve(self, tasks: TaskBatch) -> torch.Tensor:
@@ -59,11 +77,21 @@ class FewShotMethod(ABC):
     def predict(self, tasks: TaskBatch, on_chunk: Callable[[int], None] | None = None) -> torch.Tensor:
         """Probabilities ``[T, Q, N]`` for all tasks, solved in memory-bounded chunks."""
         self.check_input(tasks)
+        counts = self.oracle_counts
+        if counts is not None and tuple(counts.shape) != (tasks.num_tasks, tasks.ways):
+            raise ValueError(
+                f"{self.name}: oracle query counts have shape {tuple(counts.shape)}, expected "
+                f"[T={tasks.num_tasks}, N={tasks.ways}] (one row per task of the bank)"
+            )
         size = self.chunk_size(tasks)
         outputs = []
         for start in range(0, tasks.num_tasks, size):
-            chunk = tasks.slice(start, min(start + size, tasks.num_tasks))
-            outputs.append(self.solve(chunk))
+            stop = min(start + size, tasks.num_tasks)
+            chunk = tasks.slice(start, stop)
+            if counts is None:
+                outputs.append(self.solve(chunk))
+            else:
+                outputs.append(self.solve(chunk, class_counts=counts[start:stop].to(chunk.device)))  # type: ignore[call-arg]
             if on_chunk is not None:
                 on_chunk(chunk.num_tasks)
         return torch.cat(outputs)

@@ -1,8 +1,12 @@
-"""SimpleShot (Wang et al., 2019): nearest class mean after CL2N normalisation.
+"""SimpleShot (Wang et al., "SimpleShot: Revisiting Nearest-Neighbor Classification for Few-Shot Learning",
+2019): nearest class mean after CL2N normalisation.
 
-CL2N subtracts the base-class feature mean, then L2-normalises each row. Without a base-class mean
-(``base_mean=None``) only L2 normalisation is applied (SimpleShot's "L2N" variant), which needs no data
-beyond the task. Probabilities are ``softmax(−‖x − μ_k‖²)`` over classes; the prediction is the nearest mean.
+CL2N subtracts the base-class feature mean (the mean of the backbone's features over the base/training
+classes), then L2-normalises each row. The evaluation passes that mean from ``base_features=<file>``.
+Without it (``base_mean=None``) the method falls back to plain L2 normalisation, SimpleShot's "L2N" variant,
+which needs no data beyond the task and stays inductive (a mean of the task's own rows would not); the
+evaluation prints one notice when this happens. Probabilities are ``softmax(−temperature·‖x − μ_k‖²)``;
+the prediction is the nearest mean whatever the temperature.
 """
 
 from __future__ import annotations
@@ -10,12 +14,13 @@ from __future__ import annotations
 import torch
 
 from lightning_putm.methods.base import FewShotMethod, nearest_mean_probabilities
-from lightning_putm.methods.preprocessing import l2_normalise
+from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
 
 
 class SimpleShot(FewShotMethod):
     name = "simpleshot"
+    uses_base_mean = True
 
     def __init__(self, base_mean: torch.Tensor | None = None, temperature: float = 10.0, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -23,9 +28,7 @@ class SimpleShot(FewShotMethod):
         self.temperature = float(temperature)
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
-        if self.base_mean is not None:
-            x = x - self.base_mean.to(x.device, x.dtype)
-        return l2_normalise(x)
+        return cl2n(x, self.base_mean, self.name)
 
     @torch.no_grad()
     def solve(self, tasks: TaskBatch) -> torch.Tensor:
