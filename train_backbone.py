@@ -1,18 +1,25 @@
 #!/usr/bin/env python
-"""Pretrain a backbone with S2M2 (rotation, then manifold mixup). Not available yet."""
+"""Pretrain a backbone with S2M2 (Mangla et al. 2020): rotation, then manifold mixup + rotation (S2M2_R).
+
+Usage: python train_backbone.py [key=value ...]   (defaults: conf/train_backbone.yaml, conf/data/<name>.yaml)
+  python train_backbone.py                                        # digits demo, about a minute on a CPU
+  python train_backbone.py data=miniimagenet data.root=/data/mini-imagenet trainer.devices=4 trainer.strategy=ddp
+  python train_backbone.py data=omniglot data.root=../shared/data/omniglot stages=[classifier]
+  python train_backbone.py ... resume=true                        # continue from checkpoints/.../last.ckpt
+"""
 
 import sys
 
 from lightning_putm.cli import run_cli
-from lightning_putm.errors import ConfigError
+from lightning_putm.training import run_train_backbone
 
 
 def main(argv: list[str]) -> None:
-    """Pretrain a backbone with S2M2. Not available yet."""
-    raise ConfigError(
-        "backbone pretraining (S2M2) is not implemented yet; evaluate pre-extracted features with "
-        "`python evaluate.py features=PATH` meanwhile"
-    )
+    """Pretrain a backbone with S2M2. Usage: python train_backbone.py [key=value ...]
+    Keys: see conf/train_backbone.yaml (data, backbone, stages, resume, init_from, logger, seed, lr, ...),
+    conf/data/<name>.yaml as data.<key>=value, conf/backbone/<name>.yaml as backbone.<key>=value, and any
+    pytorch_lightning.Trainer argument as trainer.<name>=value (devices, strategy, precision, max_epochs, ...)."""
+    run_train_backbone(argv)
 
 
 if __name__ == "__main__":

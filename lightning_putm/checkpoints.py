@@ -1,0 +1,57 @@
+"""Checkpoint files: atomic writes and safe reads.
+
+* Lightning's own writer (``TorchCheckpointIO`` → ``_atomic_save``) goes through an fsspec transaction that
+  writes a temporary file in the system temp folder and then *moves* it; when that folder is on another file
+  system the move is a copy, so an interrupted save can leave a truncated ``last.ckpt``. :class:`AtomicCheckpointIO`
+  writes local checkpoints to a temporary file in the destination folder, fsyncs and renames it instead.
+* Every read uses ``torch.load(..., weights_only=True)``, which cannot run code. That includes Lightning's resume
+  path (``trainer.fit(ckpt_path=...)``), whose checkpoints hold only tensors, numbers, strings and plain containers.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from lightning_putm.errors import DataError
+from lightning_putm.features import atomic_torch_save
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Atomic local saves; loads restricted to ``weights_only=True``."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike,
+                        storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError("AtomicCheckpointIO.save_checkpoint does not take storage_options")
+        if "://" in str(path):  # remote file systems: keep Lightning's fsspec transaction
+            super().save_checkpoint(checkpoint, path)
+            return
+        atomic_torch_save(checkpoint, path)
+
+    def load_checkpoint(self, path: str | os.PathLike, map_location: Callable | None = lambda storage, loc: storage,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a checkpoint safely (``weights_only=True``) onto the CPU, with errors a user can act on."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"checkpoint not found: {path}")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise DataError(f"{path} needs code execution to load, so it is refused ({exc}); only checkpoints that "
+                        "hold tensors and plain values can be read") from exc
+    except Exception as exc:  # truncated file, not a torch file
+        raise DataError(f"cannot read checkpoint {path}: {exc}") from exc
+    if not isinstance(payload, dict) or "state_dict" not in payload:
+        raise DataError(f"{path} is not a Lightning checkpoint (no state_dict); pass a checkpoint written by "
+                        "train_backbone.py")
+    return payload

@@ -1,0 +1,104 @@
+"""Omniglot (Lake et al., Science 2015) with the split of Vinyals et al. (NeurIPS 2016) used by ProtoNets.
+
+Layout (as released, and as torchvision expects): ``root/omniglot-py/images_background/<alphabet>/<characterNN>/*.png``
+and ``root/omniglot-py/images_evaluation/...``. The split lists ``root/splits/<scheme>/{train,val,test}.txt``
+(one ``images_<set>/<alphabet>/<characterNN>`` per line) are used when present. Without them, ``vinyals`` is
+rebuilt from its rule: 1200 training characters = all of images_background, the evaluation alphabets
+below, and Gurmukhi character01–41; the other 423 evaluation characters are the test split; no validation split.
+
+Protocol (Vinyals et al.; Snell et al.): each character in each of the rotations 0/90/180/270° is its own
+class (1200 × 4 = 4800 training classes, 423 × 4 = 1692 test classes) and images are resized to 28×28.
+Images are decoded once into memory (uint8, ink = 255 on 0 background, as ProtoNets feed 1 − pixel); a rotation
+is applied to the resized image, which for a square image and a symmetric filter equals resizing the rotated one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from lightning_putm.data.imagesplit import ImageSplit, list_images, require_dir, require_root, subfolders
+from lightning_putm.errors import DataError
+
+EXPECTED = "omniglot-py/images_background/ and omniglot-py/images_evaluation/ (the folder torchvision calls root)"
+SETS = ("images_background", "images_evaluation")
+VINYALS_TRAIN_EVALUATION_ALPHABETS = ("Angelic", "Atemayar_Qelisayer", "Atlantean", "Aurek-Besh", "Avesta",
+                                      "Ge_ez", "Glagolitic")
+VINYALS_GURMUKHI_TRAIN = 41  # Gurmukhi character01..41 are training characters, 42..45 test
+
+
+def vinyals_split_of(character: str) -> str:
+    """``images_<set>/<alphabet>/<characterNN>`` → ``train`` or ``test`` by the Vinyals rule."""
+    set_name, alphabet, char = character.split("/")
+    if set_name == "images_background" or alphabet in VINYALS_TRAIN_EVALUATION_ALPHABETS:
+        return "train"
+    if alphabet == "Gurmukhi" and int(char.removeprefix("character")) <= VINYALS_GURMUKHI_TRAIN:
+        return "train"
+    return "test"
+
+
+def omniglot_characters(base: Path) -> list[str]:
+    """Every character folder as ``images_<set>/<alphabet>/<characterNN>``, sorted."""
+    characters = []
+    for set_name in SETS:
+        folder = require_dir(base / "omniglot-py" / set_name, "omniglot", f"the {set_name}/ folder")
+        for alphabet in subfolders(folder):
+            characters.extend(f"{set_name}/{alphabet.name}/{c.name}" for c in subfolders(alphabet))
+    return sorted(characters)
+
+
+def split_characters(base: Path, split: str, scheme: str) -> list[str]:
+    """Characters of ``split`` from ``root/splits/<scheme>/<split>.txt``, or by the Vinyals rule."""
+    split_file = base / "splits" / scheme / f"{split}.txt"
+    if split_file.is_file():
+        return [line.strip() for line in split_file.read_text().splitlines() if line.strip()]
+    if scheme != "vinyals":
+        raise DataError(f"omniglot: split file {split_file} is missing; the {scheme!r} split is read from "
+                        "root/splits/<scheme>/{train,val,test}.txt (only `vinyals` can be rebuilt without it)")
+    if split == "val":
+        return []
+    return [c for c in omniglot_characters(base) if vinyals_split_of(c) == split]
+
+
+def load_character(folder: Path, image_size: int) -> np.ndarray:
+    """All drawings of one character as uint8 ``[n, size, size]`` with ink = 255."""
+    files = list_images(folder)
+    if not files:
+        raise DataError(f"omniglot: character folder {folder} holds no PNG images")
+    out = np.empty((len(files), image_size, image_size), dtype=np.uint8)
+    for i, path in enumerate(files):
+        try:
+            with Image.open(path) as handle:
+                gray = handle.convert("L").resize((image_size, image_size), Image.Resampling.LANCZOS)
+        except OSError as exc:
+            raise DataError(f"omniglot: cannot read {path}: {exc}") from exc
+        out[i] = 255 - np.asarray(gray, dtype=np.uint8)
+    return out
+
+
+def read_omniglot(root: str | Path | None, split: str, scheme: str = "vinyals",
+                  rotations: list[int] | tuple[int, ...] = (0, 90, 180, 270), image_size: int = 28) -> ImageSplit:
+    base = require_root(root, "omniglot", EXPECTED)
+    require_dir(base / "omniglot-py", "omniglot", "the omniglot-py/ folder")
+    rotations = [int(r) for r in rotations]
+    if not rotations or any(r % 90 for r in rotations) or len(set(rotations)) != len(rotations):
+        raise DataError(f"omniglot: rotations must be distinct multiples of 90, got {rotations}")
+    characters = split_characters(base, split, scheme)
+    blocks: list[torch.Tensor] = []
+    labels: list[int] = []
+    names: list[str] = []
+    for character in characters:
+        folder = base / "omniglot-py" / character
+        if not folder.is_dir():
+            raise DataError(f"omniglot: character folder {folder} (listed in the {scheme} {split} split) is missing")
+        images = torch.from_numpy(load_character(folder, image_size)).unsqueeze(1)  # [n, 1, s, s]
+        for degrees in rotations:
+            blocks.append(torch.rot90(images, degrees // 90, dims=(-2, -1)))
+            labels.extend([len(names)] * len(images))
+            names.append(f"{character}/rot{degrees:03d}")
+    data = torch.cat(blocks) if blocks else torch.empty((0, 1, image_size, image_size), dtype=torch.uint8)
+    return ImageSplit("omniglot", split, torch.tensor(labels, dtype=torch.long), names, 1, images=data.contiguous(),
+                      metadata={"characters": len(characters), "rotations": rotations, "scheme": scheme})

@@ -1,0 +1,248 @@
+"""S2M2 backbone pretraining as a LightningModule (Mangla et al., "Charting the Right Manifold", WACV 2020).
+
+Stages (DESIGN §5), all with Adam (lr 1e-3) on a backbone + cosine classifier + 4-way rotation head:
+
+* ``rotation``: every image of the batch in 4 rotations; loss ½·CE(class) + ½·CE(rotation) (Gidaris et al. 2018).
+* ``s2m2r``: manifold mixup (Verma et al. 2019) with λ ~ Beta(α, α), α = 2, at a point drawn uniformly from
+  ``mix_layers`` (input, after block 1, 2, 3), loss λ·CE(y) + (1 − λ)·CE(y[perm]); plus the rotation loss on a
+  random quarter of the batch in 4 rotations; one optimiser step for the sum. Starts from a rotation checkpoint.
+* ``classifier``: plain cross-entropy on the cosine classifier, a cheaper baseline (Chen et al. 2019, Baseline++).
+
+Validation and test score few-shot accuracy on the datamodule's seeded episode bank with nearest class mean
+on the backbone features, logged as ``val/acc`` / ``test/acc`` (percent) each epoch.
+
+Randomness is reseeded from (seed, epoch, rank) at the start of every training epoch, so a run resumed from an
+end-of-epoch checkpoint continues exactly like an uninterrupted one (deterministic CPU mode, ``num_workers=0``).
+"""
+
+from __future__ import annotations
+
+import random
+import warnings
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+
+from lightning_putm.checkpoints import read_checkpoint
+from lightning_putm.data.episodes import EpisodeBank, bank_seed
+from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.metrics import mean_and_ci95
+from lightning_putm.models import Backbone, CosineClassifier, Mixup, RotationHead, build_backbone, rotate_batch
+
+STAGES = ("classifier", "rotation", "s2m2r")
+NCM_NORMALISATIONS = ("none", "l2")
+
+
+# --------------------------------------------------------------------------------------------- scoring
+@torch.no_grad()
+def ncm_task_accuracy(features: torch.Tensor, bank: EpisodeBank, normalise: str = "none") -> torch.Tensor:
+    """Per-task accuracy ``[T]`` of nearest class mean (squared Euclidean) on ``features [n, d]``.
+
+    ``normalise="l2"`` L2-normalises every feature first (SimpleShot's L2N); ``"none"`` is ProtoNets' rule.
+    """
+    if normalise not in NCM_NORMALISATIONS:
+        raise ConfigError(f"ncm normalisation must be one of {NCM_NORMALISATIONS}, got {normalise!r}")
+    features = features.float()
+    if normalise == "l2":
+        features = F.normalize(features, dim=1)
+    tasks = bank.gather(features)
+    prototypes = tasks.batch.support_means()  # [T, N, d]
+    predictions = torch.cdist(tasks.batch.query, prototypes).argmin(dim=2)  # [T, Q]
+    return (predictions == tasks.query_labels).double().mean(dim=1).cpu()
+
+
+def epoch_seed(seed: int, epoch: int, rank: int) -> int:
+    return bank_seed(seed, purpose="train-epoch", epoch=int(epoch), rank=int(rank)) % (2**63)
+
+
+def reseed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+# --------------------------------------------------------------------------------------------- module
+class S2M2Module(pl.LightningModule):
+    """Backbone + cosine classifier + rotation head, trained by one S2M2 stage."""
+
+    def __init__(
+        self,
+        backbone: str = "conv4",
+        backbone_options: dict[str, Any] | None = None,
+        in_channels: int = 3,
+        num_classes: int = 64,
+        stage: str = "rotation",
+        lr: float = 1e-3,
+        weight_decay: float = 0.0,
+        scheduler: str = "none",
+        mixup_alpha: float = 2.0,
+        mix_layers: Sequence[int] = (0, 1, 2, 3),
+        head_scale: float | None = None,
+        class_gain: bool = True,
+        seed: int = 0,
+        ncm_normalise: str = "none",
+    ) -> None:
+        super().__init__()
+        if stage not in STAGES:
+            raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
+        if scheduler not in ("none", "cosine"):
+            raise ConfigError(f"scheduler must be none or cosine, got {scheduler!r}")
+        if ncm_normalise not in NCM_NORMALISATIONS:
+            raise ConfigError(f"ncm must be one of {', '.join(NCM_NORMALISATIONS)}, got {ncm_normalise!r}")
+        self.save_hyperparameters()
+        self.backbone: Backbone = build_backbone(backbone, in_channels=in_channels, **dict(backbone_options or {}))
+        bad = [m for m in mix_layers if m not in self.backbone.mix_points]
+        if bad or not mix_layers:
+            raise ConfigError(f"mix_layers {list(mix_layers)} invalid for {backbone}: choose from "
+                              f"{list(self.backbone.mix_points)} (0 = input, i = after block i)")
+        self.classifier = CosineClassifier(self.backbone.feature_dim, num_classes, head_scale, class_gain)
+        self.rotation_head = RotationHead(self.backbone.feature_dim)
+        self._eval_outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Backbone features ``[B, D]``."""
+        return self.backbone(images)
+
+    # ----------------------------------------------------------------------------------- training
+    def on_train_epoch_start(self) -> None:
+        reseed(epoch_seed(self.hparams.seed, self.current_epoch, self.global_rank))
+
+    def _rotation_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        rotated, class_labels, rotation_labels = rotate_batch(images, labels)
+        features = self.backbone(rotated)
+        class_logits = self.classifier(features)
+        rotation_logits = self.rotation_head(features)
+        class_loss = F.cross_entropy(class_logits, class_labels)
+        rotation_loss = F.cross_entropy(rotation_logits, rotation_labels)
+        stats = {
+            "class_loss": class_loss.detach(),
+            "rotation_loss": rotation_loss.detach(),
+            "acc": (class_logits.argmax(1) == class_labels).float().mean(),
+            "rotation_acc": (rotation_logits.argmax(1) == rotation_labels).float().mean(),
+        }
+        return 0.5 * class_loss + 0.5 * rotation_loss, stats
+
+    def training_step(self, batch: Sequence[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        images, labels = batch[0], batch[1]
+        stage = self.hparams.stage
+        if stage == "classifier":
+            logits = self.classifier(self.backbone(images))
+            loss = F.cross_entropy(logits, labels)
+            stats = {"acc": (logits.argmax(1) == labels).float().mean()}
+        elif stage == "rotation":
+            loss, stats = self._rotation_loss(images, labels)
+        else:  # s2m2r
+            batch_size = images.shape[0]
+            alpha = float(self.hparams.mixup_alpha)
+            lam = float(np.random.beta(alpha, alpha))
+            layer = int(self.hparams.mix_layers[int(torch.randint(len(self.hparams.mix_layers), ()))])
+            permutation = torch.randperm(batch_size).to(images.device)
+            logits = self.classifier(self.backbone(images, Mixup(layer, lam, permutation)))
+            mix_loss = lam * F.cross_entropy(logits, labels) + (1 - lam) * F.cross_entropy(logits, labels[permutation])
+            quarter = torch.randperm(batch_size)[: max(1, batch_size // 4)].to(images.device)
+            rotation_loss, stats = self._rotation_loss(images[quarter], labels[quarter])
+            loss = mix_loss + rotation_loss
+            stats["mixup_loss"] = mix_loss.detach()
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"non-finite training loss {float(loss)} at step {self.global_step}; "
+                                     "lower the learning rate or check the input data")
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=True, sync_dist=True,
+                 batch_size=images.shape[0])
+        for key, value in stats.items():
+            self.log(f"train/{key}", value, on_step=False, on_epoch=True, sync_dist=True, batch_size=images.shape[0])
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        if self.hparams.scheduler == "none":
+            return optimizer
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ----------------------------------------------------------------------------------- few-shot evaluation
+    def on_validation_epoch_start(self) -> None:
+        self._eval_outputs = []
+
+    def on_test_epoch_start(self) -> None:
+        self._eval_outputs = []
+
+    def validation_step(self, batch: Sequence[torch.Tensor], batch_idx: int) -> None:
+        self._eval_outputs.append((batch[2], self.backbone(batch[0]).float()))
+
+    def test_step(self, batch: Sequence[torch.Tensor], batch_idx: int) -> None:
+        self._eval_outputs.append((batch[2], self.backbone(batch[0]).float()))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.trainer.sanity_checking:
+            self._score("val")
+        self._eval_outputs = []
+
+    def on_test_epoch_end(self) -> None:
+        self._score("test")
+        self._eval_outputs = []
+
+    def _gathered_features(self, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """All processes' features placed at their dataset rows: ``[n, d]`` and a ``[n]`` coverage mask."""
+        indices = torch.cat([i for i, _ in self._eval_outputs]).to(self.device)
+        features = torch.cat([f for _, f in self._eval_outputs])
+        if self.trainer.world_size > 1:
+            indices = self.all_gather(indices).reshape(-1)
+            features = self.all_gather(features).reshape(-1, features.shape[-1])
+        table = features.new_zeros((num_rows, features.shape[1]))
+        seen = torch.zeros(num_rows, dtype=torch.bool, device=features.device)
+        table[indices] = features
+        seen[indices] = True
+        return table, seen
+
+    def _score(self, split: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "episodes") or not self._eval_outputs:
+            return
+        bank: EpisodeBank = datamodule.episodes(split)
+        num_rows = len(datamodule.split(split))
+        features, seen = self._gathered_features(num_rows)
+        needed = torch.cat([bank.support_indices.flatten(), bank.query_indices.flatten()]).unique().to(seen.device)
+        if not seen[needed].all():
+            warnings.warn(f"{split}: only part of the split was evaluated (limit_{split}_batches?); "
+                          "few-shot accuracy is not computed this epoch", stacklevel=1)
+            return
+        accuracies = ncm_task_accuracy(features, bank, self.hparams.ncm_normalise)
+        mean, ci = mean_and_ci95(accuracies)
+        self.log(f"{split}/acc", 100.0 * mean, prog_bar=True, sync_dist=True)
+        self.log(f"{split}/ci95", 100.0 * ci, sync_dist=True)
+
+
+# --------------------------------------------------------------------------------------------- loading
+def load_module(path: str | Path, **overrides: Any) -> S2M2Module:
+    """Rebuild the module stored in a checkpoint (safe load), optionally changing hyper-parameters."""
+    checkpoint = read_checkpoint(path)
+    hparams = dict(checkpoint.get("hyper_parameters") or {})
+    if "backbone" not in hparams:
+        raise DataError(f"{path} has no S2M2Module hyper-parameters; pass a checkpoint written by train_backbone.py")
+    hparams.update(overrides)
+    module = S2M2Module(**hparams)
+    module.load_state_dict(checkpoint["state_dict"])
+    return module
+
+
+def load_backbone(path: str | Path) -> Backbone:
+    """The pretrained backbone of a checkpoint, in eval mode (for feature extraction)."""
+    return load_module(path).backbone.eval()
+
+
+def init_from_checkpoint(module: S2M2Module, path: str | Path) -> None:
+    """Start ``module`` from the weights of another stage's checkpoint (e.g. stage 2 from stage 1)."""
+    state = read_checkpoint(path)["state_dict"]
+    own = module.state_dict()
+    mismatched = [k for k in own if k in state and state[k].shape != own[k].shape]
+    missing = [k for k in own if k not in state]
+    if mismatched or missing:
+        detail = (f"shape differs for {mismatched[:3]}" if mismatched else f"missing {missing[:3]}")
+        raise DataError(f"cannot start from {path}: it does not match this backbone/dataset ({detail}); "
+                        "use a checkpoint of the same backbone, options and training classes")
+    module.load_state_dict({k: state[k] for k in own})

@@ -1,0 +1,348 @@
+"""The ``train_backbone.py`` job: config → datamodule, S2M2 module and Trainer per stage → checkpoints.
+
+Config: ``conf/train_backbone.yaml``; ``data=<name>`` picks ``conf/data/<name>.yaml`` and ``backbone=<name>``
+picks ``conf/backbone/<name>.yaml`` (both peeled off the overrides before the rest is applied, so
+``data.root=...`` and ``backbone.dropout=...`` are checked against the chosen files). ``trainer.<arg>=value``
+accepts any argument of ``pytorch_lightning.Trainer`` (checked against its signature) except the few this job
+owns (logger, callbacks, plugins, checkpointing).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pytorch_lightning as pl
+from lightning_fabric.utilities.exceptions import MisconfigurationException
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.utilities import rank_zero_only
+
+from lightning_putm.checkpoints import AtomicCheckpointIO
+from lightning_putm.config import (apply_overrides, conf_dir, load_group, load_yaml, parse_value, split_override,
+                                   to_container, to_yaml)
+from lightning_putm.data.datamodule import EpisodeSettings, FewShotDataModule
+from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.pretrain import STAGES, S2M2Module, init_from_checkpoint
+
+#: Trainer arguments this job sets itself; use the named config keys instead.
+RESERVED_TRAINER_ARGS = {
+    "logger": "use logger=csv|wandb|none",
+    "callbacks": "checkpointing callbacks are built from checkpoint_dir",
+    "plugins": "the checkpoint IO plugin is fixed (atomic writes, weights_only reads)",
+    "enable_checkpointing": "checkpoints are always written to checkpoint_dir",
+    "default_root_dir": "use checkpoint_dir and log_dir",
+}
+
+
+# --------------------------------------------------------------------------------------------- config
+def _peel(overrides: list[str], key: str) -> tuple[str | None, list[str]]:
+    """Remove every ``key=value`` from ``overrides``; return the last value (or None) and the rest."""
+    value, rest = None, []
+    for text in overrides:
+        name, raw = split_override(text)
+        if name == key:
+            value = str(parse_value(name, raw))
+        else:
+            rest.append(text)
+    return value, rest
+
+
+def trainer_arguments() -> set[str]:
+    return set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+
+
+def load_train_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """``conf/train_backbone.yaml`` + the chosen data and backbone files + overrides (unknown keys are errors)."""
+    overrides = list(overrides)
+    data_name, overrides = _peel(overrides, "data")
+    backbone_name, overrides = _peel(overrides, "backbone")
+    trainer_overrides = [o for o in overrides if split_override(o)[0].startswith("trainer.")]
+    overrides = [o for o in overrides if o not in trainer_overrides]
+    for text in overrides:
+        if split_override(text)[0] in ("data.name", "backbone.name"):
+            raise ConfigError(f"{text!r}: choose the dataset with data=<name> and the backbone with backbone=<name>")
+
+    cfg = load_yaml(conf_dir() / "train_backbone.yaml")
+    data_name = data_name or str(cfg.data)
+    data = load_group("data", data_name)
+    backbone_name = backbone_name or str(cfg.backbone)
+    if backbone_name == "auto":
+        backbone_name = str(data.get("backbone"))
+    backbone = load_group("backbone", backbone_name)
+    cfg.data = OmegaConf.merge({"name": data_name}, data)
+    cfg.backbone = OmegaConf.merge({"name": backbone_name}, backbone)
+    cfg = apply_overrides(cfg, overrides)
+
+    valid = trainer_arguments()
+    for text in trainer_overrides:
+        key, raw = split_override(text)
+        name = key.split(".", 1)[1]
+        if name in RESERVED_TRAINER_ARGS:
+            raise ConfigError(f"{key} is set by train_backbone.py itself: {RESERVED_TRAINER_ARGS[name]}")
+        if "." in name or name not in valid:
+            raise ConfigError(f"unknown Trainer argument {key!r}; valid trainer.<name>: "
+                              f"{', '.join(sorted(valid - set(RESERVED_TRAINER_ARGS)))}")
+        OmegaConf.update(cfg, key, parse_value(key, raw), merge=False, force_add=True)
+    return cfg
+
+
+@dataclass
+class TrainSettings:
+    """Validated values of the merged config."""
+
+    dataset: str
+    backbone: str
+    backbone_options: dict[str, Any]
+    stages: list[str]
+    epochs: dict[str, int]
+    init_from: Path | None
+    resume: bool
+    checkpoint_dir: Path
+    seed: int
+    module_args: dict[str, Any]
+    val_episodes: EpisodeSettings
+    test_episodes: EpisodeSettings
+    run_test: bool
+    logger: str
+    log_dir: Path
+    wandb: dict[str, Any]
+    trainer: dict[str, Any]
+
+    def stage_dir(self, stage: str) -> Path:
+        return (self.checkpoint_dir / self.dataset / self.backbone / stage).absolute()
+
+
+def _positive(value: Any, key: str, integer: bool = False) -> Any:
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0 or not math.isfinite(value):
+        raise ConfigError(f"`{key}` must be a positive {'integer' if integer else 'number'}, got {value!r}")
+    return value
+
+
+def _episodes(cfg: DictConfig, key: str) -> EpisodeSettings:
+    node = cfg[key]
+    alpha = node.alpha
+    if isinstance(alpha, str) and alpha.strip().lower() == "balanced":
+        alpha = None
+    elif alpha is not None:
+        alpha = float(_positive(alpha, f"{key}.alpha"))
+    values = {k: _positive(node[k], f"{key}.{k}", integer=True) for k in ("ways", "shots", "queries", "tasks")}
+    seed = node.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"`{key}.seed` must be an integer >= 0, got {seed!r}")
+    return EpisodeSettings(alpha=alpha, seed=seed, **values)
+
+
+def settings_from_config(cfg: DictConfig) -> TrainSettings:
+    stages = [str(s) for s in (cfg.stages if not isinstance(cfg.stages, str) else [cfg.stages])]
+    if not stages or any(s not in STAGES for s in stages):
+        raise ConfigError(f"`stages` must list stages among {', '.join(STAGES)}, got {stages}")
+    epochs_cfg = to_container(cfg.data.epochs)
+    max_epochs = cfg.trainer.get("max_epochs")
+    epochs = {}
+    for stage in stages:
+        value = max_epochs if max_epochs is not None else epochs_cfg.get(stage)
+        if value is None:
+            raise ConfigError(f"no epoch count for stage {stage!r}: set data.epochs.{stage} or trainer.max_epochs")
+        epochs[stage] = _positive(value, "trainer.max_epochs" if max_epochs is not None else f"data.epochs.{stage}",
+                                  integer=True)
+    scale = cfg.head.scale
+    head_scale = None if scale in (None, "auto") else float(_positive(scale, "head.scale"))
+    if cfg.logger not in ("csv", "wandb", "none"):
+        raise ConfigError(f"`logger` must be csv, wandb or none, got {cfg.logger!r}")
+    seed = cfg.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"`seed` must be an integer >= 0, got {seed!r}")
+    mix_layers = [int(m) for m in (cfg.mix_layers if not isinstance(cfg.mix_layers, int) else [cfg.mix_layers])]
+    backbone_options = {k: v for k, v in to_container(cfg.backbone).items() if k != "name"}
+    trainer = {k: v for k, v in to_container(cfg.trainer).items() if k != "max_epochs"}
+    return TrainSettings(
+        dataset=str(cfg.data.name),
+        backbone=str(cfg.backbone.name),
+        backbone_options=backbone_options,
+        stages=stages,
+        epochs=epochs,
+        init_from=Path(str(cfg.init_from)) if cfg.init_from else None,
+        resume=bool(cfg.resume),
+        checkpoint_dir=Path(str(cfg.checkpoint_dir)),
+        seed=seed,
+        module_args={
+            "lr": float(_positive(cfg.lr, "lr")),
+            "weight_decay": float(cfg.weight_decay),
+            "scheduler": str(cfg.scheduler),
+            "mixup_alpha": float(_positive(cfg.mixup_alpha, "mixup_alpha")),
+            "mix_layers": mix_layers,
+            "head_scale": head_scale,
+            "class_gain": bool(cfg.head.class_gain),
+            "ncm_normalise": str(cfg.ncm),
+        },
+        val_episodes=_episodes(cfg, "val_episodes"),
+        test_episodes=_episodes(cfg, "test_episodes"),
+        run_test=bool(cfg.run_test),
+        logger=str(cfg.logger),
+        log_dir=Path(str(cfg.log_dir)),
+        wandb=to_container(cfg.wandb),
+        trainer=trainer,
+    )
+
+
+# --------------------------------------------------------------------------------------------- building blocks
+def build_datamodule(cfg: DictConfig, settings: TrainSettings) -> FewShotDataModule:
+    data = cfg.data
+    return FewShotDataModule(
+        settings.dataset,
+        root=data.root,
+        image_size=_positive(data.image_size, "data.image_size", integer=True),
+        batch_size=_positive(data.batch_size, "data.batch_size", integer=True),
+        eval_batch_size=_positive(data.eval_batch_size, "data.eval_batch_size", integer=True),
+        num_workers=int(data.num_workers),
+        augment=to_container(data.augment) if data.augment else {},
+        normalize=to_container(data.normalize) if data.normalize else None,
+        eval_resize=float(data.eval_resize),
+        options=to_container(data.options) if data.options else {},
+        val_episodes=settings.val_episodes,
+        test_episodes=settings.test_episodes,
+        seed=settings.seed,
+    )
+
+
+def build_logger(settings: TrainSettings, stage: str) -> Any:
+    """CSV, W&B (offline works without a key) or no logger; W&B start-up problems become a ConfigError."""
+    run_name = f"{settings.dataset}-{settings.backbone}-{stage}"
+    if settings.logger == "none":
+        return False
+    if settings.logger == "csv":
+        from pytorch_lightning.loggers import CSVLogger
+
+        return CSVLogger(save_dir=str(settings.log_dir), name=f"{settings.dataset}/{settings.backbone}/{stage}")
+    try:
+        import wandb  # noqa: F401
+        from pytorch_lightning.loggers import WandbLogger
+    except Exception as exc:  # not installed or broken install
+        raise ConfigError(f"logger=wandb but wandb cannot be imported ({exc}); install wandb or use logger=none") from exc
+    options = settings.wandb
+    mode = options.get("mode") or os.environ.get("WANDB_MODE")
+    settings.log_dir.mkdir(parents=True, exist_ok=True)
+    kwargs = {"project": options.get("project"), "name": options.get("name") or run_name,
+              "save_dir": str(settings.log_dir)}
+    if options.get("entity"):
+        kwargs["entity"] = options["entity"]
+    if mode:
+        kwargs["mode"] = mode
+    return WandbLogger(**kwargs)
+
+
+def start_logger(logger: Any) -> None:
+    """Touch the W&B run now so a missing key or network fails with a clear message before training."""
+    if logger is False or type(logger).__name__ != "WandbLogger":
+        return
+    try:
+        logger.experiment  # noqa: B018 - creates the run on rank 0
+    except Exception as exc:
+        raise ConfigError(
+            f"W&B could not start a run ({type(exc).__name__}: {exc}). Log offline with WANDB_MODE=offline "
+            "(or wandb.mode=offline), run `wandb login`, or use logger=none"
+        ) from exc
+
+
+def build_trainer(settings: TrainSettings, stage: str, has_val: bool, logger: Any) -> pl.Trainer:
+    """A Trainer with ``trainer.*`` options, atomic checkpoint IO and the best/last checkpoint callbacks.
+
+    Two callbacks: Lightning (2.6) refreshes ``save_last`` only in steps where a top-k checkpoint was written,
+    which would leave ``last.ckpt`` stale once validation accuracy stops improving. ``best`` comes first so the
+    ``last.ckpt`` written after it carries the updated best score for resuming.
+    """
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    folder = str(settings.stage_dir(stage))
+    callbacks = []
+    if has_val:
+        callbacks.append(ModelCheckpoint(dirpath=folder, filename="best", monitor="val/acc", mode="max", save_top_k=1,
+                                         auto_insert_metric_name=False, enable_version_counter=False))
+    callbacks.append(ModelCheckpoint(dirpath=folder, filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
+                                     enable_version_counter=False))
+    kwargs = dict(settings.trainer)
+    kwargs.update(max_epochs=settings.epochs[stage], logger=logger, callbacks=callbacks,
+                  plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
+    try:
+        return pl.Trainer(**kwargs)
+    except (TypeError, ValueError, MisconfigurationException) as exc:  # e.g. accelerator=gpu on a CPU machine
+        raise ConfigError(f"invalid trainer options {settings.trainer}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------------------------- the job
+@dataclass
+class StageResult:
+    stage: str
+    last: Path
+    best: Path
+    best_score: float | None
+    seconds: float
+
+
+def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = print) -> list[StageResult]:
+    """Run every configured stage; returns where each stage's checkpoints went."""
+    cfg = load_train_config(overrides)
+    settings = settings_from_config(cfg)
+    datamodule = build_datamodule(cfg, settings)
+    datamodule.setup("fit")
+    has_val = datamodule.has_split("val")
+    rank_zero = getattr(rank_zero_only, "rank", 0) == 0  # from RANK / LOCAL_RANK set by the DDP launcher
+    say = log if rank_zero else (lambda _: None)
+    say("effective config:\n" + to_yaml(cfg))
+    train = datamodule.split("train")
+    say(f"data: {settings.dataset} train {len(train)} images / {train.num_classes} classes; "
+        f"val {len(datamodule.split('val'))} images" + ("" if has_val else " (no validation split: best = last)"))
+
+    previous = settings.init_from
+    if previous is not None and not previous.is_file():
+        raise DataError(f"init_from={previous} does not exist; pass an existing checkpoint (e.g. "
+                        f"{settings.stage_dir('rotation') / 'best.ckpt'})")
+    if settings.resume and not (settings.stage_dir(settings.stages[0]) / "last.ckpt").is_file():
+        raise DataError(f"resume=true but there is no {settings.stage_dir(settings.stages[0]) / 'last.ckpt'} to "
+                        "resume from; run without resume=true (or check checkpoint_dir, data and backbone)")
+    results: list[StageResult] = []
+    module: S2M2Module | None = None
+    trainer: pl.Trainer | None = None
+    for index, stage in enumerate(settings.stages):
+        pl.seed_everything(settings.seed + index, workers=True, verbose=False)
+        module = S2M2Module(backbone=settings.backbone, backbone_options=settings.backbone_options,
+                            in_channels=datamodule.in_channels, num_classes=train.num_classes, stage=stage,
+                            seed=settings.seed + index, **settings.module_args)
+        last = settings.stage_dir(stage) / "last.ckpt"
+        resume_path = last if settings.resume and last.is_file() else None
+        if resume_path is not None:
+            say(f"[{stage}] resuming from {resume_path}")
+        elif previous is not None:
+            init_from_checkpoint(module, previous)
+            say(f"[{stage}] starting from {previous}")
+        logger = build_logger(settings, stage)
+        trainer = build_trainer(settings, stage, has_val, logger)
+        start_logger(logger)
+        start = time.perf_counter()
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_path) if resume_path else None,
+                    weights_only=True)
+        seconds = time.perf_counter() - start
+        callback = trainer.checkpoint_callbacks[0]  # the best-by-val/acc one when there is validation
+        best = Path(callback.best_model_path) if has_val and callback.best_model_path else last
+        score = float(callback.best_model_score) if has_val and callback.best_model_score is not None else None
+        results.append(StageResult(stage, last, best, score, seconds))
+        score_text = f", best val/acc {score:.2f}%" if score is not None else ""
+        say(f"[{stage}] done in {seconds:.0f} s: last checkpoint {last}; best {best}{score_text}")
+        if type(logger).__name__ == "WandbLogger" and rank_zero:
+            logger.experiment.finish()
+        previous = best
+    if settings.run_test and module is not None and trainer is not None and datamodule.has_split("test"):
+        outcome = trainer.test(module, datamodule=datamodule, ckpt_path=str(results[-1].best), weights_only=True,
+                               verbose=False)
+        if outcome and "test/acc" in outcome[0]:
+            t = settings.test_episodes
+            kind = "balanced" if t.alpha is None else f"Dirichlet alpha={t.alpha:g}"
+            say(f"test: {t.ways}-way {t.shots}-shot, {t.queries} queries ({kind}), {t.tasks} tasks, nearest class "
+                f"mean: {outcome[0]['test/acc']:.2f} ± {outcome[0]['test/ci95']:.2f}% ({results[-1].best.name})")
+    return results

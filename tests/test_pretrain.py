@@ -1,0 +1,284 @@
+"""S2M2 pretraining: training steps, resume, DDP, checkpoints and the train_backbone config (lightning_putm.pretrain).
+
+Runs use the digits demo with a narrow Conv-4 and a few batches so the whole file stays quick on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from lightning_putm.checkpoints import AtomicCheckpointIO, read_checkpoint
+from lightning_putm.cli import run_cli
+from lightning_putm.data import FewShotDataModule, sample_episode_bank
+from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.models import Mixup
+from lightning_putm.pretrain import STAGES, S2M2Module, init_from_checkpoint, load_backbone, ncm_task_accuracy
+from lightning_putm.training import load_train_config, run_train_backbone, settings_from_config
+
+REPO = Path(__file__).resolve().parents[1]
+QUIET = ["logger=none", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+         "trainer.accelerator=cpu", "backbone.width=8", "val_episodes.tasks=10", "test_episodes.tasks=10"]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one thread avoids OpenMP spin-waits, which cost seconds on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def script_main():
+    """``main`` of train_backbone.py, loaded from its file (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location("train_backbone_script", REPO / "train_backbone.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def small_module(stage: str, **kwargs) -> S2M2Module:
+    return S2M2Module("conv4", {"width": 8}, in_channels=1, num_classes=5, stage=stage, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------- training steps
+class _LossRecorder(pl.Callback):
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_one_step_per_stage_changes_weights_with_a_finite_loss(stage: str) -> None:
+    pl.seed_everything(0, verbose=False)
+    module = small_module(stage)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    recorder = _LossRecorder()
+    trainer = pl.Trainer(max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                         callbacks=[recorder])
+    trainer.fit(module, datamodule=FewShotDataModule("digits", image_size=8, batch_size=16))
+    assert len(recorder.losses) == 1 and torch.isfinite(torch.tensor(recorder.losses)).all()
+    after = module.state_dict()
+    changed = {k.split(".")[0] for k in before if not torch.equal(before[k], after[k])}
+    expected = {"backbone", "classifier"} | ({"rotation_head"} if stage != "classifier" else set())
+    assert changed == expected
+
+
+def test_s2m2r_mixes_at_every_configured_layer_with_beta_lambdas(monkeypatch) -> None:
+    module = small_module("s2m2r", mix_layers=[0, 1, 2, 3])
+    seen: list[Mixup] = []
+    forward = module.backbone.forward
+
+    def spy(x, mixup=None):
+        if mixup is not None:
+            seen.append(mixup)
+        return forward(x, mixup)
+
+    monkeypatch.setattr(module.backbone, "forward", spy)
+    torch.manual_seed(0)
+    images, labels = torch.rand(8, 1, 8, 8), torch.arange(8) % 5
+    for _ in range(40):
+        loss = module.training_step((images, labels), 0)
+        assert torch.isfinite(loss)
+    assert {m.layer for m in seen} == {0, 1, 2, 3}
+    lambdas = torch.tensor([m.lam for m in seen])
+    assert 0 < lambdas.min() and lambdas.max() < 1 and abs(float(lambdas.mean()) - 0.5) < 0.15
+
+
+def test_module_rejects_bad_settings() -> None:
+    with pytest.raises(ConfigError, match="unknown stage"):
+        small_module("mixup")
+    with pytest.raises(ConfigError, match="mix_layers"):
+        small_module("s2m2r", mix_layers=[7])
+
+
+def test_ncm_accuracy_on_separable_features() -> None:
+    labels = torch.arange(6).repeat_interleave(10)
+    features = torch.nn.functional.one_hot(labels, 6).float() * 5 + 0.1 * torch.rand(60, 6)
+    bank = sample_episode_bank(labels, 5, 1, 25, None, 20, 0)
+    assert torch.all(ncm_task_accuracy(features, bank) == 1.0)
+    assert torch.all(ncm_task_accuracy(features, bank, "l2") == 1.0)
+    with pytest.raises(ConfigError):
+        ncm_task_accuracy(features, bank, "cl2n")
+
+
+# ------------------------------------------------------------------------------------------- resume
+def test_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
+    """Train 3 epochs; versus 1 epoch, stop, resume to 3 (deterministic CPU mode): identical weights and state."""
+    common = QUIET + ["stages=[s2m2r]", "trainer.deterministic=true", "trainer.limit_train_batches=3",
+                      "run_test=false", "data.augment.crop_padding=1"]
+    run_train_backbone(common + [f"checkpoint_dir={tmp_path / 'a'}", "trainer.max_epochs=3"], log=quiet)
+    run_train_backbone(common + [f"checkpoint_dir={tmp_path / 'b'}", "trainer.max_epochs=1"], log=quiet)
+    interrupted = read_checkpoint(tmp_path / "b/digits/conv4/s2m2r/last.ckpt")
+    assert interrupted["global_step"] == 3
+    run_train_backbone(common + [f"checkpoint_dir={tmp_path / 'b'}", "trainer.max_epochs=3", "resume=true"], log=quiet)
+    a = read_checkpoint(tmp_path / "a/digits/conv4/s2m2r/last.ckpt")
+    b = read_checkpoint(tmp_path / "b/digits/conv4/s2m2r/last.ckpt")
+    assert a["global_step"] == b["global_step"] == 9 and a["epoch"] == b["epoch"] == 2
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    state_a, state_b = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    assert all(torch.equal(state_a[k]["exp_avg"], state_b[k]["exp_avg"]) for k in state_a)
+    assert not torch.equal(a["state_dict"]["backbone.blocks.0.conv.weight"],
+                           interrupted["state_dict"]["backbone.blocks.0.conv.weight"])
+
+
+def test_resume_without_a_last_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="resume=true but there is no .*last.ckpt"):
+        run_train_backbone(QUIET + [f"checkpoint_dir={tmp_path}", "resume=true"], log=quiet)
+
+
+# ------------------------------------------------------------------------------------------- stages and CLI
+def test_two_stages_chain_and_write_loadable_checkpoints(tmp_path: Path, capsys) -> None:
+    main = script_main()  # the script's entry point, through run_cli
+    args = QUIET + [f"checkpoint_dir={tmp_path}", "trainer.max_epochs=1", "trainer.limit_train_batches=2"]
+    assert run_cli(main, args) == 0
+    out = capsys.readouterr().out
+    rotation, s2m2r = tmp_path / "digits/conv4/rotation", tmp_path / "digits/conv4/s2m2r"
+    assert f"[s2m2r] starting from {rotation / 'best.ckpt'}" in out
+    assert f"last checkpoint {s2m2r / 'last.ckpt'}" in out and "test: 5-way 1-shot" in out
+    for folder in (rotation, s2m2r):
+        assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "last.ckpt"]
+    backbone = load_backbone(s2m2r / "last.ckpt")
+    assert not backbone.training and backbone(torch.rand(2, 1, 8, 8)).shape == (2, 8)
+    # Stage 2 really started from stage 1: its weights before training equal stage 1's best.
+    fresh = small_module("s2m2r")
+    init_from_checkpoint(fresh, rotation / "best.ckpt")
+    best = read_checkpoint(rotation / "best.ckpt")["state_dict"]
+    assert all(torch.equal(fresh.state_dict()[k], best[k]) for k in best)
+
+
+def test_init_from_a_mismatched_checkpoint_is_refused(tmp_path: Path) -> None:
+    run_train_backbone(QUIET + [f"checkpoint_dir={tmp_path}", "stages=[classifier]", "trainer.max_epochs=1",
+                                "trainer.limit_train_batches=1", "run_test=false"], log=quiet)
+    wider = S2M2Module("conv4", {"width": 16}, in_channels=1, num_classes=5, stage="s2m2r")
+    with pytest.raises(DataError, match="does not match this backbone"):
+        init_from_checkpoint(wider, tmp_path / "digits/conv4/classifier/last.ckpt")
+
+
+def test_cli_user_errors_exit_with_a_message(capsys) -> None:
+    main = script_main()
+    assert run_cli(main, ["data=omniglot"]) == 2
+    assert "data.root" in capsys.readouterr().err
+    assert run_cli(main, ["trainer.bogus=1"]) == 2
+    assert "unknown Trainer argument 'trainer.bogus'" in capsys.readouterr().err
+
+
+def test_config_overrides_and_strict_keys() -> None:
+    cfg = load_train_config(["data=omniglot", "data.root=/x", "backbone=wrn28_10", "backbone.dropout=0.3",
+                             "trainer.max_epochs=7", "trainer.gradient_clip_val=1.5", "trainer.strategy=ddp"])
+    assert cfg.data.name == "omniglot" and cfg.data.root == "/x" and cfg.backbone.dropout == 0.3
+    settings = settings_from_config(cfg)
+    assert settings.epochs == {"rotation": 7, "s2m2r": 7} and settings.trainer["gradient_clip_val"] == 1.5
+    assert settings.backbone == "wrn28_10" and settings.backbone_options["dropout"] == 0.3
+    assert settings.stage_dir("s2m2r") == Path("checkpoints/omniglot/wrn28_10/s2m2r").absolute()
+    auto = settings_from_config(load_train_config(["data=miniimagenet"]))
+    assert auto.backbone == "wrn28_10" and auto.epochs == {"rotation": 400, "s2m2r": 100}
+    for bad, message in [(["lrate=1"], "unknown config key 'lrate'"),
+                         (["data.rooot=/x"], "unknown config key 'data.rooot'"),
+                         (["backbone.dropout=0.1"], "unknown config key 'backbone.dropout'"),  # conv4 has none
+                         (["data=imagenet"], "unknown data 'imagenet'"),
+                         (["backbone=vgg"], "unknown backbone 'vgg'"),
+                         (["trainer.logger=true"], "use logger=csv|wandb|none"),
+                         (["trainer.callbacks=[]"], "set by train_backbone.py"),
+                         (["data.name=cub"], "data=<name>")]:
+        with pytest.raises(ConfigError, match=message):
+            load_train_config(bad)
+    for bad, message in [(["stages=[mixup]"], "stages"), (["lr=-1"], "lr"), (["logger=tensorboard"], "logger"),
+                         (["val_episodes.alpha=-2"], "val_episodes.alpha")]:
+        with pytest.raises(ConfigError, match=message):
+            settings_from_config(load_train_config(bad))
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+def test_atomic_checkpoint_io_never_leaves_a_partial_file(tmp_path: Path, monkeypatch) -> None:
+    io = AtomicCheckpointIO()
+    path = tmp_path / "ck" / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(2)}}, path)
+    assert torch.equal(io.load_checkpoint(path)["state_dict"]["w"], torch.ones(2))
+
+    def broken_save(obj, handle, *args, **kwargs):
+        handle.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"state_dict": {"w": torch.zeros(2)}}, path)
+    monkeypatch.undo()
+    assert torch.equal(read_checkpoint(path)["state_dict"]["w"], torch.ones(2))
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]
+
+
+class _Payload:  # unpickling this needs code execution: weights_only loading must refuse it
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+def test_checkpoints_are_read_with_weights_only(tmp_path: Path) -> None:
+    path = tmp_path / "evil.ckpt"
+    with open(path, "wb") as handle:
+        pickle.dump({"state_dict": {}, "x": _Payload()}, handle)
+    with pytest.raises(DataError, match="needs code execution"):
+        read_checkpoint(path)
+    with pytest.raises(pickle.UnpicklingError):
+        AtomicCheckpointIO().load_checkpoint(path)
+    with pytest.raises(DataError, match="not found"):
+        read_checkpoint(tmp_path / "missing.ckpt")
+
+
+# ------------------------------------------------------------------------------------------- DDP and W&B
+def test_two_process_cpu_ddp_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
+    """2 processes, gloo backend, through the real script (Lightning relaunches it per rank): ~20 s."""
+    command = [sys.executable, str(REPO / "train_backbone.py"), *QUIET, "stages=[rotation]",
+               "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_epochs=2", "trainer.limit_train_batches=2",
+               f"checkpoint_dir={tmp_path}", "run_test=false"]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "world_size: 2" in done.stderr + done.stdout or "distributed_backend=gloo" in done.stderr + done.stdout
+    checkpoint = read_checkpoint(tmp_path / "digits/conv4/rotation/last.ckpt")
+    assert checkpoint["global_step"] == 4 and checkpoint["epoch"] == 1
+    backbone = load_backbone(tmp_path / "digits/conv4/rotation/best.ckpt")
+    assert backbone(torch.rand(3, 1, 8, 8)).shape == (3, 8)
+
+
+def test_wandb_offline_logging_needs_no_key(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    args = [a for a in QUIET if a != "logger=none"] + [
+        "logger=wandb", f"log_dir={tmp_path / 'logs'}", f"checkpoint_dir={tmp_path}", "stages=[classifier]",
+        "trainer.max_epochs=1", "trainer.limit_train_batches=2", "run_test=false"]
+    run_train_backbone(args, log=quiet)
+    runs = list((tmp_path / "logs" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+
+
+@pytest.mark.slow
+def test_demo_without_arguments_trains_and_writes_checkpoints(tmp_path: Path) -> None:
+    """`python train_backbone.py` with no arguments: digits demo, about a minute on 2 free cores."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "LIGHTNING_PUTM_CONF": str(REPO / "conf")}
+    done = subprocess.run([sys.executable, str(REPO / "train_backbone.py")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for stage in ("rotation", "s2m2r"):
+        assert (tmp_path / "checkpoints/digits/conv4" / stage / "last.ckpt").is_file()
+    assert f"last checkpoint {tmp_path / 'checkpoints/digits/conv4/s2m2r/last.ckpt'}" in done.stdout
