@@ -27,3 +27,12 @@ def make_clustered_features(classes: int = 10, per_class: int = 40, dim: int = 3
 @pytest.fixture
 def clustered() -> FeatureSet:
     return make_clustered_features()
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Tiny tensors: one thread avoids OpenMP spin-waits, which cost seconds on a busy 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

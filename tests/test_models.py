@@ -25,13 +25,7 @@ def _seed() -> None:
     torch.manual_seed(0)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small tensors: one thread avoids OpenMP spin-waits, which cost seconds on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def test_registry_lists_every_backbone() -> None:

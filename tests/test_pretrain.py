@@ -33,13 +33,7 @@ def quiet(_: str) -> None:
     pass
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread avoids OpenMP spin-waits, which cost seconds on a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def script_main():
