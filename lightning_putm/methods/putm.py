@@ -188,6 +188,8 @@ class PUTM(FewShotMethod):
         forward = self._solve(tasks)
         if order is not None:
             forward = torch.empty_like(forward).scatter_(1, order.unsqueeze(2).expand_as(forward), forward)
+            # rows of last_state are in canonical order: query_order[t, i] is the input index of query row i
+            self.last_state["query_order"] = order
         return forward
 
     def _solve(self, tasks: TaskBatch) -> torch.Tensor:
@@ -219,7 +221,9 @@ class PUTM(FewShotMethod):
             navigator.redraw(generators)
             optimiser = self._new_optimiser(navigator)
         forward, _ = self.e_step(navigator, optimiser, query, prototypes, tasks.ways)
-        self.last_state = {"initial_prototypes": initial_prototypes, "prototypes": prototypes, "rows": x}
+        # For inspection (plots): the last solved chunk, in the preprocessed space (support rows, then queries).
+        self.last_state = {"initial_prototypes": initial_prototypes, "prototypes": prototypes, "rows": x,
+                           "forward": forward.detach()}
         return forward
 
     def _new_optimiser(self, navigator: Navigator) -> torch.optim.Adam:
