@@ -19,7 +19,7 @@ import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lightning_putm.errors import DataError
-from lightning_putm.features import atomic_torch_save
+from lightning_putm.features import atomic_torch_save, looks_like_torch_file
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -44,6 +44,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"checkpoint not found: {path}")
+    if not looks_like_torch_file(path):
+        raise DataError(f"cannot read checkpoint {path}: it is not a complete PyTorch checkpoint (truncated, "
+                        "corrupt or another kind of file); use a .ckpt written by train_backbone.py")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

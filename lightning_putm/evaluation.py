@@ -7,6 +7,7 @@ it loads ``conf/evaluate.yaml`` with overrides, calls :func:`evaluate_features` 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -14,10 +15,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from lightning_putm.config import apply_overrides, conf_dir, group_options, load_group, load_yaml, to_container, to_yaml
+from lightning_putm.config import (apply_overrides, conf_dir, group_options, load_group, load_yaml, split_override,
+                                   to_container, to_yaml)
 from lightning_putm.data.digits import digits_feature_set
 from lightning_putm.data.episodes import EpisodeBank, sample_episode_bank
 from lightning_putm.errors import ConfigError, FeatureError
@@ -27,6 +29,17 @@ from lightning_putm.metrics import mean_and_ci95, task_accuracy
 
 DEMO_TASKS = 100
 DEFAULT_TASKS = 1000
+SPLITS = ("train", "val", "test")
+
+#: Trainer arguments evaluation sets itself.
+EVALUATION_TRAINER_ARGS = {
+    "logger": "use logger=auto|wandb|csv|none",
+    "callbacks": "the few-shot evaluation callback is built from this config",
+    "enable_checkpointing": "evaluation writes no checkpoints",
+    "inference_mode": "PUTM needs gradients for its navigators (inference_mode is off)",
+    "default_root_dir": "use output_dir",
+    "enable_progress_bar": "use progress=true|false",
+}
 
 
 @dataclass
@@ -49,6 +62,16 @@ class EvaluationSettings:
     method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     base_features: str | None = None  # base-class feature file whose mean CL2N subtracts
     oracle_prior: bool = False  # give methods with a class prior the TRUE query counts (labelled, unfair)
+    checkpoint: Path | None = None  # extract features of data/split from this backbone checkpoint
+    split: str = "test"
+    feature_cache_dir: Path = Path("outputs/feature_cache")
+    refresh_features: bool = False
+    logger: str = "auto"
+    wandb: dict[str, Any] = field(default_factory=dict)
+    plots: bool = True
+    plot_task: int = 0
+    trainer: dict[str, Any] = field(default_factory=dict)
+    backbone: str = "auto"  # expected backbone of the checkpoint (auto = whatever it holds)
 
 
 @dataclass
@@ -85,10 +108,21 @@ def _flag(value: bool) -> str:
 
 # --------------------------------------------------------------------------------------------- config
 def load_evaluate_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """``conf/evaluate.yaml`` with every ``conf/method/*.yaml`` under ``method.<name>``, plus overrides."""
+    """``conf/evaluate.yaml`` with every ``conf/method/*.yaml`` under ``method.<name>``, the chosen
+    ``conf/data/<name>.yaml`` under ``data`` (``data=<name>`` picks it), plus overrides; ``trainer.<arg>``
+    accepts any ``pytorch_lightning.Trainer`` argument except those evaluation sets itself."""
+    from lightning_putm.training import apply_trainer_overrides, peel_override
+
+    overrides = list(overrides)
+    data_name, overrides = peel_override(overrides, "data")
+    trainer_overrides = [o for o in overrides if split_override(o)[0].startswith("trainer.")]
+    overrides = [o for o in overrides if o not in trainer_overrides]
     cfg = load_yaml(conf_dir() / "evaluate.yaml")
     cfg.method = {name: load_group("method", name) for name in group_options("method")}
-    return apply_overrides(cfg, overrides)
+    data_name = data_name or str(cfg.data)
+    cfg.data = OmegaConf.merge({"name": data_name}, load_group("data", data_name))
+    cfg = apply_overrides(cfg, overrides)
+    return apply_trainer_overrides(cfg, trainer_overrides, EVALUATION_TRAINER_ARGS, "evaluate.py")
 
 
 def _int(cfg: DictConfig, key: str, low: int) -> int:
@@ -147,8 +181,10 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     if not alphas:
         raise ConfigError("`alphas` is empty; give Dirichlet alphas and/or `balanced`, e.g. alphas=[2,balanced]")
     features = str(cfg.features)
+    from_checkpoint = cfg.checkpoint not in (None, "")
+    demo = str(cfg.data.name) == "digits" if from_checkpoint else features in ("demo", "auto")
     if cfg.tasks == "auto":
-        tasks = DEMO_TASKS if features == "demo" else DEFAULT_TASKS
+        tasks = DEMO_TASKS if demo else DEFAULT_TASKS
     else:
         tasks = _int(cfg, "tasks", 1)
     seed = _int(cfg, "seed", 0)
@@ -160,6 +196,24 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         raise ConfigError(f"`oracle_prior` must be true or false, got {oracle_prior!r}")
     base_features = cfg.get("base_features")
     base_features = None if base_features in (None, "") else str(base_features)
+    checkpoint = None if cfg.checkpoint in (None, "") else Path(str(cfg.checkpoint))
+    if checkpoint is not None and features not in ("auto", "demo"):
+        raise ConfigError(f"give either features=<file> or checkpoint=<ckpt>, not both (features={features}, "
+                          f"checkpoint={checkpoint})")
+    if checkpoint is not None:
+        features = f"checkpoint:{checkpoint}"
+    elif features == "auto":
+        features = "demo"
+    split = str(cfg.split)
+    if split not in SPLITS:
+        raise ConfigError(f"`split` must be one of {', '.join(SPLITS)}, got {split!r}")
+    for key in ("refresh_features", "plots", "progress"):
+        if not isinstance(cfg[key], bool):
+            raise ConfigError(f"`{key}` must be true or false, got {cfg[key]!r}")
+    from lightning_putm.loggers import LOGGERS
+
+    if str(cfg.logger) not in LOGGERS:
+        raise ConfigError(f"`logger` must be one of {', '.join(LOGGERS)}, got {cfg.logger!r}")
     return EvaluationSettings(
         features=features,
         methods=methods,
@@ -177,6 +231,16 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         method_params={name: to_container(cfg.method[name]) for name in methods if name in cfg.method},
         base_features=base_features,
         oracle_prior=oracle_prior,
+        checkpoint=checkpoint,
+        split=split,
+        feature_cache_dir=Path(str(cfg.feature_cache_dir)),
+        refresh_features=cfg.refresh_features,
+        logger=str(cfg.logger),
+        wandb=to_container(cfg.wandb),
+        plots=cfg.plots,
+        plot_task=_int(cfg, "plot_task", 0),
+        trainer=to_container(cfg.trainer),
+        backbone=str(cfg.backbone),
     )
 
 
@@ -212,17 +276,45 @@ def load_base_mean(settings: EvaluationSettings, dim: int, log: Callable[[str], 
 
 
 # --------------------------------------------------------------------------------------------- run
+def shard_range(tasks: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Contiguous block ``[start, stop)`` of the ``tasks`` tasks that process ``rank`` of ``world_size`` solves."""
+    per_rank = math.ceil(tasks / world_size)
+    return min(tasks, rank * per_rank), min(tasks, (rank + 1) * per_rank)
+
+
+def gather_shards(local: torch.Tensor, tasks: int, world_size: int,
+                  all_gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Per-task values of every rank's block, in task order (blocks padded to equal length for all_gather)."""
+    per_rank = math.ceil(tasks / world_size)
+    padded = local.new_full((per_rank,), float("nan"))
+    padded[: local.numel()] = local
+    gathered = all_gather(padded).reshape(world_size, per_rank).reshape(-1)
+    return gathered[:tasks].clone()
+
+
 def evaluate_features(
     feature_set: FeatureSet,
     settings: EvaluationSettings,
     log: Callable[[str], None] = print,
+    rank: int = 0,
+    world_size: int = 1,
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    progress: bool | None = None,
 ) -> list[SettingResult]:
-    """Run every method on the same episode bank for each (shot, α); returns one result per triple."""
+    """Run every method on the same episode bank for each (shot, α); returns one result per triple.
+
+    With ``world_size > 1`` every process samples the same banks, solves its contiguous block of tasks and
+    ``gather`` (an all-gather) assembles the per-task accuracies, so the table equals a single process's.
+    """
+    if world_size > 1 and gather is None:
+        raise ValueError("evaluate_features with world_size > 1 needs a gather function (all_gather)")
     base_mean = load_base_mean(settings, feature_set.dim, log)
     if base_mean is not None:
         base_mean = base_mean.to(settings.device)
-    total = len(settings.shots) * len(settings.alphas) * len(settings.methods) * settings.tasks
-    bar = tqdm(total=total, desc="tasks", unit="task", disable=not settings.progress, dynamic_ncols=True)
+    show = settings.progress if progress is None else progress
+    start_task, stop_task = shard_range(settings.tasks, rank, world_size)
+    total = len(settings.shots) * len(settings.alphas) * len(settings.methods) * (stop_task - start_task)
+    bar = tqdm(total=total, desc="tasks", unit="task", disable=not show, dynamic_ncols=True)
     results: list[SettingResult] = []
     try:
         for shots in settings.shots:
@@ -232,18 +324,23 @@ def evaluate_features(
                     settings.seed, class_names=feature_set.class_names,
                 )
                 gathered = bank.gather(feature_set.features, settings.device)
+                batch = gathered.batch.slice(start_task, stop_task)
+                query_labels = gathered.query_labels[start_task:stop_task]
                 for name in settings.methods:
                     oracle = settings.oracle_prior and method_uses_class_prior(name)
                     method = build_method(
                         name, settings.method_params.get(name, {}), shots=shots, balanced=alpha is None,
-                        show_progress=settings.progress, memory_budget_mb=settings.memory_budget_mb,
-                        base_mean=base_mean, query_counts=bank.query_counts if oracle else None,
+                        show_progress=show, memory_budget_mb=settings.memory_budget_mb, base_mean=base_mean,
+                        query_counts=bank.query_counts[start_task:stop_task] if oracle else None,
                     )
                     bar.set_postfix_str(f"{name} {shots}-shot alpha={bank.alpha_label}")
                     start = time.perf_counter()
-                    probabilities = method.predict(gathered.batch, on_chunk=bar.update)
+                    probabilities = method.predict(batch, on_chunk=bar.update)
                     seconds = time.perf_counter() - start
-                    accuracies = task_accuracy(probabilities, gathered.query_labels).cpu()
+                    accuracies = task_accuracy(probabilities, query_labels)
+                    if world_size > 1:
+                        accuracies = gather_shards(accuracies, settings.tasks, world_size, gather)
+                    accuracies = accuracies.cpu()
                     results.append(SettingResult(name, shots, alpha, accuracies, seconds, bank, method.oracle_prior))
     finally:
         bar.close()
@@ -317,22 +414,108 @@ def write_report(results: list[SettingResult], output_dir: Path, config_yaml: st
     return paths
 
 
+# --------------------------------------------------------------------------------------------- the job
+def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Callable[[str], None] = print) -> tuple[Any, Any, Any]:
+    """The test loop's module and datamodule, and the feature cache to fill (``None`` when nothing to extract).
+
+    * ``checkpoint=``: a cache hit replays the cached features; otherwise the backbone extracts them from the
+      images of ``data``'s ``split`` and the callback stores them in the cache.
+    * ``features=<file>`` or the demo: the feature rows are replayed.
+    """
+    from lightning_putm.data.datamodule import FewShotDataModule
+    from lightning_putm.data.transforms import eval_transform
+    from lightning_putm.extraction import FeatureCache, FeatureCacheKey, file_sha256, load_checkpoint_backbone
+    from lightning_putm.feature_modules import BackboneFeatures, FeatureRows, FeatureRowsDataModule
+
+    if settings.checkpoint is None:
+        feature_set = load_feature_source(settings)
+        return FeatureRows(), FeatureRowsDataModule(feature_set), None
+
+    checkpoint = settings.checkpoint
+    if not checkpoint.is_file():
+        raise FeatureError(f"checkpoint not found: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
+                           "train_backbone.py (e.g. checkpoints/digits/conv4/s2m2r/best.ckpt)")
+    data = cfg.data
+    split = settings.split
+
+    class SplitDataModule(FewShotDataModule):
+        """The dataset's ``split`` as the test loop (images in order, with their row index)."""
+
+        def test_dataloader(self):  # type: ignore[override]
+            return self._eval_loader(split)
+
+    datamodule = SplitDataModule(
+        str(data.name), root=data.root, image_size=int(data.image_size), eval_batch_size=int(data.eval_batch_size),
+        num_workers=int(data.num_workers), normalize=to_container(data.normalize) if data.normalize else None,
+        eval_resize=float(data.eval_resize), options=to_container(data.options) if data.options else {},
+    )
+    images = datamodule.split(split)
+    if len(images) == 0:
+        raise FeatureError(f"{data.name}: the {split} split is empty; check data.root and split=")
+    transform = eval_transform(datamodule.image_size, datamodule.in_channels, datamodule.normalize,
+                               from_files=not datamodule.info.in_memory, resize_factor=datamodule.eval_resize)
+    key = FeatureCacheKey(
+        checkpoint_sha256=file_sha256(checkpoint), dataset=str(data.name),
+        root=str(Path(str(data.root)).expanduser().resolve()) if data.root else "",
+        options=json.dumps(to_container(data.options) if data.options else {}, sort_keys=True), split=split,
+        transform=repr(transform),
+    )
+    cache = FeatureCache(settings.feature_cache_dir, key)
+    images.metadata.update(source=f"{checkpoint} on {data.name}/{split}", checkpoint=str(checkpoint),
+                           checkpoint_sha256=key.checkpoint_sha256)
+    cached = None if settings.refresh_features else cache.load()
+    if cached is not None:
+        log(f"features: reusing the cache {cache.path} (refresh_features=true rebuilds it)")
+        return FeatureRows(), FeatureRowsDataModule(cached), None
+    backbone, hparams = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
+                                                 expected_backbone=settings.backbone)
+    log(f"features: extracting the {split} split of {data.name} ({len(images)} images) with the "
+        f"{hparams.get('backbone')} backbone of {checkpoint}")
+    return BackboneFeatures(backbone), datamodule, cache
+
+
+def build_evaluation_trainer(settings: EvaluationSettings, logger: Any, callback: Any) -> Any:
+    import pytorch_lightning as pl
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
+    kwargs = dict(settings.trainer)
+    kwargs.update(logger=logger, callbacks=[callback], enable_checkpointing=False, inference_mode=False,
+                  enable_progress_bar=settings.progress, enable_model_summary=False,
+                  default_root_dir=str(settings.output_dir))
+    try:
+        return pl.Trainer(**kwargs)
+    except (TypeError, ValueError, MisconfigurationException) as exc:
+        raise ConfigError(f"invalid trainer options {settings.trainer}: {exc}") from exc
+
+
 def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -> list[SettingResult]:
-    """The whole ``evaluate.py`` job: config → features → evaluation → table and CSV files."""
+    """The whole ``evaluate.py`` job: config → features (file, demo or checkpoint) → ``Trainer.test`` with the
+    few-shot callback → table, CSV files, plots and logger entries."""
+    import logging
+
+    from pytorch_lightning.utilities import rank_zero_only
+
+    from lightning_putm.callbacks import FewShotEvaluationCallback
+    from lightning_putm.loggers import build_evaluation_logger
+
     cfg = load_evaluate_config(overrides)
     settings = settings_from_config(cfg)
     cfg.tasks = settings.tasks  # show the resolved value, not `auto`
     cfg.queries = settings.queries
     config_yaml = to_yaml(cfg)
-    log("effective config:\n" + config_yaml)
-    feature_set = load_feature_source(settings)
-    log(f"features: {len(feature_set)} rows x {feature_set.dim} dims, {feature_set.num_classes} classes "
-        f"({feature_set.metadata.get('source', settings.features)}); device: {settings.device}")
-    results = evaluate_features(feature_set, settings, log)
-    paths = write_report(results, settings.output_dir, config_yaml)
-    log(format_table([r.summary() for r in results]))
-    if any(r.oracle_prior for r in results):
-        log("WARNING: rows with oracle_prior=true were given the TRUE query counts of every task "
-            "(oracle_prior=true); they are not comparable with fair results")
-    log(f"wrote {paths['results']}, {paths['per_task']} and {paths['config']}")
-    return results
+    say = log if getattr(rank_zero_only, "rank", 0) == 0 else (lambda _: None)
+    say("effective config:\n" + config_yaml)
+    module, datamodule, cache = build_feature_source(cfg, settings, say)
+    source = settings.checkpoint.stem if settings.checkpoint else Path(settings.features).stem
+    logger = build_evaluation_logger(settings.logger, settings.output_dir, settings.wandb, f"evaluate-{source}", say)
+    callback = FewShotEvaluationCallback(settings, feature_cache=cache, config_yaml=config_yaml, plots=settings.plots,
+                                         plot_task=settings.plot_task, log=say)
+    for name in ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # "GPU available: ..." banners
+    trainer = build_evaluation_trainer(settings, logger, callback)
+    try:
+        trainer.test(module, datamodule=datamodule, verbose=False)
+    finally:
+        if type(logger).__name__ == "WandbLogger" and trainer.is_global_zero:
+            logger.experiment.finish()
+    return callback.results

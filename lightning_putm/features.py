@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,17 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         raise
 
 
+def looks_like_torch_file(path: str | os.PathLike) -> bool:
+    """``torch.save`` writes a zip archive (legacy files are a bare pickle, starting with the PROTO opcode).
+
+    Anything else is truncated, random or foreign; saying so beats a confusing unpickler message.
+    """
+    if zipfile.is_zipfile(path):
+        return True
+    with open(path, "rb") as handle:
+        return handle.read(1) == b"\x80"
+
+
 def load_features(path: str | os.PathLike, allow_pickle: bool = False) -> FeatureSet:
     """Load a feature file: our ``.pt`` format, or a legacy pickle when ``allow_pickle`` is set."""
     path = Path(path)
@@ -120,6 +132,10 @@ def load_features(path: str | os.PathLike, allow_pickle: bool = False) -> Featur
         raise FeatureError(f"feature file not found: {path}; check the `features=` path")
     if path.suffix.lower() in PICKLE_SUFFIXES:
         return _load_pickle_features(path, allow_pickle)
+    if path.is_file() and not looks_like_torch_file(path):
+        raise FeatureError(f"cannot read feature file {path}: it is not a complete PyTorch file (truncated, corrupt "
+                           "or another format). Re-create it with lightning_putm.features.save_features; a legacy "
+                           "pickle needs the .plk/.pkl suffix and allow_pickle=true")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

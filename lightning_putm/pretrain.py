@@ -171,11 +171,18 @@ class S2M2Module(pl.LightningModule):
     def on_test_epoch_start(self) -> None:
         self._eval_outputs = []
 
-    def validation_step(self, batch: Sequence[torch.Tensor], batch_idx: int) -> None:
-        self._eval_outputs.append((batch[2], self.backbone(batch[0]).float()))
+    def validation_step(self, batch: Sequence[torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        return self._features_step(batch)
 
-    def test_step(self, batch: Sequence[torch.Tensor], batch_idx: int) -> None:
-        self._eval_outputs.append((batch[2], self.backbone(batch[0]).float()))
+    def test_step(self, batch: Sequence[torch.Tensor], batch_idx: int) -> dict[str, torch.Tensor]:
+        return self._features_step(batch)
+
+    def _features_step(self, batch: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Features of one evaluation batch, kept for NCM scoring and returned for callbacks
+        (``FewShotEvaluationCallback`` collects them to run PUTM and its peers)."""
+        features = self.backbone(batch[0]).float()
+        self._eval_outputs.append((batch[2], features))
+        return {"features": features, "labels": batch[1], "indices": batch[2]}
 
     def on_validation_epoch_end(self) -> None:
         if not self.trainer.sanity_checking:

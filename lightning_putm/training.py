@@ -40,7 +40,7 @@ RESERVED_TRAINER_ARGS = {
 
 
 # --------------------------------------------------------------------------------------------- config
-def _peel(overrides: list[str], key: str) -> tuple[str | None, list[str]]:
+def peel_override(overrides: list[str], key: str) -> tuple[str | None, list[str]]:
     """Remove every ``key=value`` from ``overrides``; return the last value (or None) and the rest."""
     value, rest = None, []
     for text in overrides:
@@ -59,8 +59,8 @@ def trainer_arguments() -> set[str]:
 def load_train_config(overrides: Sequence[str] = ()) -> DictConfig:
     """``conf/train_backbone.yaml`` + the chosen data and backbone files + overrides (unknown keys are errors)."""
     overrides = list(overrides)
-    data_name, overrides = _peel(overrides, "data")
-    backbone_name, overrides = _peel(overrides, "backbone")
+    data_name, overrides = peel_override(overrides, "data")
+    backbone_name, overrides = peel_override(overrides, "backbone")
     trainer_overrides = [o for o in overrides if split_override(o)[0].startswith("trainer.")]
     overrides = [o for o in overrides if o not in trainer_overrides]
     for text in overrides:
@@ -77,16 +77,20 @@ def load_train_config(overrides: Sequence[str] = ()) -> DictConfig:
     cfg.data = OmegaConf.merge({"name": data_name}, data)
     cfg.backbone = OmegaConf.merge({"name": backbone_name}, backbone)
     cfg = apply_overrides(cfg, overrides)
+    return apply_trainer_overrides(cfg, trainer_overrides, RESERVED_TRAINER_ARGS, "train_backbone.py")
 
+
+def apply_trainer_overrides(cfg: DictConfig, overrides: Sequence[str], reserved: dict[str, str], job: str) -> DictConfig:
+    """Set ``trainer.<arg>=value`` overrides, checked against ``pl.Trainer``'s signature and the job's own args."""
     valid = trainer_arguments()
-    for text in trainer_overrides:
+    for text in overrides:
         key, raw = split_override(text)
         name = key.split(".", 1)[1]
-        if name in RESERVED_TRAINER_ARGS:
-            raise ConfigError(f"{key} is set by train_backbone.py itself: {RESERVED_TRAINER_ARGS[name]}")
+        if name in reserved:
+            raise ConfigError(f"{key} is set by {job} itself: {reserved[name]}")
         if "." in name or name not in valid:
             raise ConfigError(f"unknown Trainer argument {key!r}; valid trainer.<name>: "
-                              f"{', '.join(sorted(valid - set(RESERVED_TRAINER_ARGS)))}")
+                              f"{', '.join(sorted(valid - set(reserved)))}")
         OmegaConf.update(cfg, key, parse_value(key, raw), merge=False, force_add=True)
     return cfg
 

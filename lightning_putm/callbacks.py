@@ -1,0 +1,171 @@
+"""The PUTM test-time callback: features → Dirichlet episode banks → PUTM and its peers → logs, CSVs, plots.
+
+:class:`FewShotEvaluationCallback` turns any Lightning loop that yields ``{"features", "labels", "indices"}``
+per batch into a few-shot evaluation (Tian et al., ICCV 2023, §5: accuracy over Dirichlet α):
+
+* at test time (``Trainer.test``, as ``evaluate.py`` does) on the test split, and optionally
+* every ``every_n_val_epochs`` validation epochs during pretraining (``S2M2Module`` yields the same dict).
+
+At the end of the epoch it assembles the split's feature table (gathered over processes, placed by row index),
+optionally stores it in the feature cache, runs every configured method over shots × α on one seeded episode
+bank per (shot, α) (DESIGN §2), and reports through the trainer's loggers: per (method, shot, α) the mean
+accuracy and 95% CI as metrics; with W&B also a ``wandb.Table`` of all results, a line plot of accuracy vs α
+per method and shot, and the figures of :mod:`lightning_putm.plots`. The summary and per-task CSVs, the
+effective config and the PNGs go to ``output_dir``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import pytorch_lightning as pl
+import torch
+
+from lightning_putm.errors import FeatureError
+from lightning_putm.extraction import FeatureCache
+from lightning_putm.features import FeatureSet
+
+if TYPE_CHECKING:
+    from lightning_putm.evaluation import EvaluationSettings
+
+
+class FewShotEvaluationCallback(pl.Callback):
+    """Run few-shot methods on the features produced by a test (or validation) loop and log the results."""
+
+    def __init__(
+        self,
+        settings: "EvaluationSettings",
+        *,
+        every_n_val_epochs: int | None = None,
+        feature_cache: FeatureCache | None = None,
+        config_yaml: str | None = None,
+        plots: bool = True,
+        plot_task: int = 0,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        super().__init__()
+        if every_n_val_epochs is not None and every_n_val_epochs < 1:
+            raise ValueError("every_n_val_epochs must be >= 1 (or None to evaluate only at test time)")
+        self.settings = settings
+        self.every_n_val_epochs = every_n_val_epochs
+        self.feature_cache = feature_cache
+        self.config_yaml = config_yaml
+        self.plots = plots
+        self.plot_task = plot_task
+        self.say = log
+        self._outputs: list[dict[str, torch.Tensor]] = []
+        self.results: list[Any] = []  # SettingResult of the last evaluation
+        self.paths: dict[str, Path] = {}  # files written by the last evaluation
+
+    # ------------------------------------------------------------------------------------------- hooks
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._outputs = []
+
+    def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._collect(outputs)
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._evaluate(trainer, pl_module, split=self.settings.split, prefix="fewshot",
+                       output_dir=self.settings.output_dir, cache=self.feature_cache)
+
+    def _val_epoch_due(self, trainer: pl.Trainer) -> bool:
+        k = self.every_n_val_epochs
+        return k is not None and not trainer.sanity_checking and (trainer.current_epoch + 1) % k == 0
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._outputs = []
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self._val_epoch_due(trainer):
+            self._collect(outputs)
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._val_epoch_due(trainer) and self._outputs:
+            folder = self.settings.output_dir / f"val_epoch_{trainer.current_epoch:04d}"
+            self._evaluate(trainer, pl_module, split="val", prefix="val_fewshot", output_dir=folder, cache=None)
+        self._outputs = []
+
+    # ------------------------------------------------------------------------------------------- steps
+    def _collect(self, outputs: Any) -> None:
+        if not isinstance(outputs, dict) or not {"features", "labels", "indices"} <= set(outputs):
+            raise TypeError("FewShotEvaluationCallback needs the loop's step to return a dict with 'features', "
+                            "'labels' and 'indices' (BackboneFeatures, FeatureRows and S2M2Module do)")
+        self._outputs.append({k: outputs[k].detach() for k in ("features", "labels", "indices")})
+
+    def assemble(self, trainer: pl.Trainer, pl_module: pl.LightningModule, split: str) -> FeatureSet:
+        """The split's feature table ``[n, d]`` from every process's batches, rows placed by dataset index."""
+        if not self._outputs:
+            raise FeatureError(f"the {split} loop produced no batches; check the data split and limit_{split}_batches")
+        indices = torch.cat([o["indices"] for o in self._outputs]).long()
+        labels = torch.cat([o["labels"] for o in self._outputs]).long()
+        features = torch.cat([o["features"] for o in self._outputs]).float()
+        if trainer.world_size > 1:  # DistributedSampler gives every rank the same number of rows
+            indices = pl_module.all_gather(indices).reshape(-1)
+            labels = pl_module.all_gather(labels).reshape(-1)
+            features = pl_module.all_gather(features).reshape(-1, features.shape[-1])
+        datamodule = trainer.datamodule
+        info = datamodule.split(split)
+        num_rows = len(info)
+        table = features.new_zeros((num_rows, features.shape[1]))
+        label_table = labels.new_full((num_rows,), -1)
+        table[indices] = features
+        label_table[indices] = labels
+        missing = int((label_table < 0).sum())
+        if missing:
+            raise FeatureError(f"{missing} of {num_rows} rows of the {split} split were not evaluated "
+                               f"(limit_{split}_batches?); few-shot evaluation needs every row")
+        metadata = dict(getattr(info, "metadata", {}) or {})
+        metadata.setdefault("source", f"{getattr(datamodule, 'dataset_name', 'features')}/{split}")
+        # clone: tensors made under inference mode cannot take part in autograd (PUTM's navigators)
+        return FeatureSet(table.cpu().clone(), label_table.cpu().clone(), list(info.class_names), metadata)
+
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, split: str, prefix: str,
+                  output_dir: Path, cache: FeatureCache | None) -> None:
+        # Lightning may run evaluation loops under inference mode; PUTM trains its navigators with autograd.
+        with torch.inference_mode(False), torch.no_grad():
+            self._evaluate_with_grad_allowed(trainer, pl_module, split, prefix, output_dir, cache)
+
+    def _evaluate_with_grad_allowed(self, trainer: pl.Trainer, pl_module: pl.LightningModule, split: str,
+                                    prefix: str, output_dir: Path, cache: FeatureCache | None) -> None:
+        from lightning_putm.evaluation import evaluate_features, format_table, write_report
+        from lightning_putm.reporting import log_to_loggers, make_plots, summary_rows
+
+        feature_set = self.assemble(trainer, pl_module, split)
+        self._outputs = []
+        rank_zero = trainer.is_global_zero
+        say = self.say if rank_zero else (lambda _: None)
+        if cache is not None and rank_zero:
+            cache.store(feature_set)
+            say(f"feature cache written: {cache.path}")
+        feature_set.check_finite(f"features of the {split} split")
+        say(f"features: {len(feature_set)} rows x {feature_set.dim} dims, {feature_set.num_classes} classes "
+            f"({feature_set.metadata.get('source', split)})")
+        device = self.settings.device
+        if device.type == pl_module.device.type:  # one process per GPU: each rank uses its own
+            device = pl_module.device
+        settings = replace(self.settings, output_dir=output_dir, device=device)
+        results = evaluate_features(feature_set, settings, say, rank=trainer.global_rank, world_size=trainer.world_size,
+                                    gather=(lambda t: pl_module.all_gather(t)) if trainer.world_size > 1 else None,
+                                    progress=settings.progress and rank_zero)
+        self.results = results
+        rows = summary_rows(results)
+        for row in rows:
+            key = f"{prefix}/{row['method']}/{row['shots']}shot/alpha_{row['alpha']}"
+            pl_module.log(f"{key}/acc", float(row["accuracy"]), rank_zero_only=True)
+            pl_module.log(f"{key}/ci95", float(row["ci95"]), rank_zero_only=True)
+        if not rank_zero:
+            return
+        self.paths = write_report(results, output_dir, self.config_yaml)
+        figures = make_plots(results, feature_set, settings, output_dir / "plots", self.plot_task, say) if self.plots else {}
+        self.paths.update({f"plot_{k}": v for k, v in figures.items()})
+        log_to_loggers(trainer.loggers, rows, figures, prefix)
+        say(format_table(rows))
+        if any(r.oracle_prior for r in results):
+            say("WARNING: rows with oracle_prior=true were given the TRUE query counts of every task "
+                "(oracle_prior=true); they are not comparable with fair results")
+        say("wrote " + ", ".join(str(p) for p in self.paths.values()))
+

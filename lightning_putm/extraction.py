@@ -1,0 +1,117 @@
+"""Features from saved checkpoints: a safe backbone loader and a feature cache keyed by what produced them.
+
+Evaluating many methods, shots and α values on the same checkpoint needs the backbone's features of the
+novel split once, not once per run. The cache key is everything that determines those features:
+
+* the SHA-256 of the checkpoint file's *content* (a retrained checkpoint at the same path is a new key),
+* the dataset, its root and reader options, the split,
+* the evaluation image transform (its ``repr``: size, resize, normalisation).
+
+Cached files use our tensor-only feature format (``lightning_putm.features``), are written atomically and are
+read with ``weights_only=True``. A cache file whose stored key differs, or that cannot be read, is rebuilt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from lightning_putm.errors import DataError, FeatureError
+from lightning_putm.features import FeatureSet, load_features, save_features
+from lightning_putm.models import Backbone
+
+CACHE_FORMAT = 1
+
+
+def file_sha256(path: str | Path, chunk_bytes: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes (streamed)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(chunk_bytes), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class FeatureCacheKey:
+    """What determines the extracted features of one split."""
+
+    checkpoint_sha256: str
+    dataset: str
+    root: str
+    options: str  # JSON of the reader options
+    split: str
+    transform: str  # repr of the evaluation transform
+
+    def digest(self) -> str:
+        text = json.dumps({"format": CACHE_FORMAT, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+class FeatureCache:
+    """One cache file for one key: ``<folder>/<dataset>-<split>-<checkpoint sha[:12]>-<key digest[:12]>.pt``."""
+
+    def __init__(self, folder: str | Path, key: FeatureCacheKey) -> None:
+        self.key = key
+        name = f"{key.dataset}-{key.split}-{key.checkpoint_sha256[:12]}-{key.digest()[:12]}.pt"
+        self.path = Path(folder) / name
+
+    def load(self) -> FeatureSet | None:
+        """The cached features, or ``None`` when absent, unreadable or stored under another key."""
+        if not self.path.is_file():
+            return None
+        try:
+            cached = load_features(self.path)
+        except FeatureError as exc:
+            warnings.warn(f"ignoring unreadable feature cache {self.path} ({exc}); extracting again", stacklevel=2)
+            return None
+        if cached.metadata.get("cache_key") != asdict(self.key):
+            return None
+        return cached
+
+    def store(self, feature_set: FeatureSet) -> Path:
+        """Write atomically, recording the key in the metadata."""
+        feature_set.metadata["cache_key"] = asdict(self.key)
+        return save_features(feature_set, self.path)
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+def load_checkpoint_backbone(path: str | Path, in_channels: int | None = None,
+                             expected_backbone: str | None = None) -> tuple[Backbone, dict[str, Any]]:
+    """The backbone of a ``train_backbone.py`` checkpoint (safe load, eval mode) and its hyper-parameters.
+
+    Errors name the problem: missing or corrupt file, a file that is not one of our checkpoints, weights that
+    do not fit the recorded architecture, or a backbone/channel count that differs from what is asked for.
+    """
+    from lightning_putm.pretrain import load_module  # heavy import: Lightning module and models
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"checkpoint not found: {path}; pass checkpoint=PATH to a .ckpt written by "
+                        "train_backbone.py (e.g. checkpoints/digits/conv4/s2m2r/best.ckpt)")
+    try:
+        module = load_module(path)
+    except DataError:
+        raise
+    except RuntimeError as exc:  # load_state_dict: missing/unexpected keys or shape mismatch
+        first = str(exc).strip().splitlines()
+        raise DataError(f"{path}: its weights do not match the backbone it records ({' '.join(first[:2])[:300]}); "
+                        "the file was edited or comes from another backbone — use a checkpoint written by "
+                        "train_backbone.py") from exc
+    except (TypeError, ValueError, KeyError) as exc:
+        raise DataError(f"{path}: cannot rebuild the model from its hyper-parameters ({exc}); pass a checkpoint "
+                        "written by train_backbone.py") from exc
+    hparams = dict(module.hparams)
+    backbone_name = str(hparams.get("backbone"))
+    if expected_backbone not in (None, "auto") and expected_backbone != backbone_name:
+        raise DataError(f"{path} holds a {backbone_name} backbone but backbone={expected_backbone} was asked for; "
+                        f"use a {expected_backbone} checkpoint or backbone=auto")
+    channels = int(hparams.get("in_channels", 3))
+    if in_channels is not None and channels != in_channels:
+        raise DataError(f"{path} was trained on {channels}-channel images but the dataset has {in_channels} "
+                        "channel(s); evaluate it on the kind of data it was trained on (check data=)")
+    return module.backbone.eval(), hparams

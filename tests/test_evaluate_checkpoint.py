@@ -1,0 +1,199 @@
+"""Evaluation from saved checkpoints: Trainer.test + FewShotEvaluationCallback, feature cache, W&B, plots, errors."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+
+from conftest import REPO_ROOT
+from lightning_putm.errors import LightningPutmError
+from lightning_putm.evaluation import run_evaluate
+from lightning_putm.feature_modules import BackboneFeatures
+from lightning_putm.features import load_features
+from lightning_putm.pretrain import S2M2Module
+from lightning_putm.training import run_train_backbone
+from wandb_records import history, offline_run, table
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+FAST = ["methods=[putm,simpleshot]", "method.putm.em_steps=2", "method.putm.inner_steps=3", "progress=false",
+        "shots=[1]", "tasks=4", "data=digits"]
+
+
+def quiet(_: str) -> None:
+    pass
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    """A tiny Conv-4 (width 8) trained for one epoch on the base digits."""
+    folder = tmp_path_factory.mktemp("ckpt")
+    run_train_backbone(["logger=none", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+                        "trainer.accelerator=cpu", "backbone.width=8", "stages=[classifier]", "trainer.max_epochs=1",
+                        "val_episodes.tasks=5", "run_test=false", f"checkpoint_dir={folder}"], log=quiet)
+    return folder / "digits" / "conv4" / "classifier" / "last.ckpt"
+
+
+def evaluate(checkpoint: Path, tmp_path: Path, *extra: str) -> tuple[list, list[str]]:
+    lines: list[str] = []
+    results = run_evaluate([f"checkpoint={checkpoint}", f"output_dir={tmp_path / 'out'}",
+                            f"feature_cache_dir={tmp_path / 'cache'}", *FAST, *extra], log=lines.append)
+    return results, lines
+
+
+def test_checkpoint_evaluation_logs_to_wandb_offline_and_writes_csv_and_plots(checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    results, lines = evaluate(checkpoint, tmp_path, "alphas=[1,4,balanced]", "logger=wandb")
+    out = tmp_path / "out"
+    summary = read_csv(out / "results.csv")
+    per_task = read_csv(out / "per_task.csv")
+    assert len(results) == len(summary) == 2 * 3  # methods x alphas
+    assert len(per_task) == 2 * 3 * 4  # one row per (method, shot, alpha, task)
+    assert {(r["method"], r["alpha"], r["task"]) for r in per_task} == {
+        (m, a, str(t)) for m in ("putm", "simpleshot") for a in ("1", "4", "balanced") for t in range(4)}
+    assert any("extracting the test split of digits" in line for line in lines)
+
+    run = offline_run(out)
+    logged: dict[str, float] = {}
+    for row in history(run):
+        logged.update({k: v for k, v in row.items() if k.startswith("fewshot/") and isinstance(v, (int, float))})
+    for row in summary:
+        key = f"fewshot/{row['method']}/{row['shots']}shot/alpha_{row['alpha']}"
+        assert logged[f"{key}/acc"] == pytest.approx(float(row["accuracy"]), abs=1e-3)
+        assert logged[f"{key}/ci95"] == pytest.approx(float(row["ci95"]), abs=1e-3)
+    logged_table = table(run, "fewshot/results")
+    columns = logged_table["columns"]
+    as_rows = [dict(zip(columns, values)) for values in logged_table["data"]]
+    assert [(r["method"], str(r["alpha"])) for r in as_rows] == [(r["method"], r["alpha"]) for r in summary]
+    assert [r["accuracy"] for r in as_rows] == pytest.approx([float(r["accuracy"]) for r in summary])
+    assert list((run / "files" / "media" / "table" / "fewshot" / "accuracy_vs_alpha").glob("1shot_table_*.json"))
+
+    for name in ("accuracy_vs_alpha", "putm_query_counts", "putm_tsne"):
+        image = matplotlib.image.imread(out / "plots" / f"{name}.png")
+        assert image.shape[0] > 100 and image.shape[1] > 100 and image.std() > 0
+        assert list((run / "files" / "media" / "images" / "fewshot" / "plots").glob(f"{name}_*.png"))
+
+
+def test_feature_cache_is_reused_and_rebuilt_when_the_checkpoint_changes(checkpoint, tmp_path, monkeypatch):
+    args = ["alphas=[2]", "logger=none", "plots=false"]
+    _, first = evaluate(checkpoint, tmp_path, *args)
+    [cache_file] = list((tmp_path / "cache").glob("*.pt"))
+    extracted = load_features(cache_file)
+    assert extracted.metadata["cache_key"]["dataset"] == "digits" and len(extracted) > 0
+    assert any("extracting" in line for line in first)
+
+    def no_backbone(*_args, **_kwargs):
+        raise AssertionError("the backbone ran although the cache matched")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(BackboneFeatures, "test_step", no_backbone)
+        results, second = evaluate(checkpoint, tmp_path, *args)
+    assert any("reusing the cache" in line for line in second)
+    fresh = read_csv(tmp_path / "out" / "per_task.csv")
+
+    # refresh_features=true extracts again and gets the same features and results
+    _, third = evaluate(checkpoint, tmp_path, *args, "refresh_features=true")
+    assert any("extracting" in line for line in third)
+    assert torch.equal(load_features(cache_file).features, extracted.features)
+    assert read_csv(tmp_path / "out" / "per_task.csv") == fresh
+
+    # a changed checkpoint (same path) is a new key: extraction again, a second cache file, other features
+    changed = tmp_path / "changed.ckpt"
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    for key, value in payload["state_dict"].items():
+        if key.startswith("backbone.") and value.is_floating_point() and value.dim() == 4:
+            payload["state_dict"][key] = value * 1.5
+            break
+    torch.save(payload, changed)
+    _, fourth = evaluate(changed, tmp_path, *args)
+    assert any("extracting" in line for line in fourth)
+    files = sorted((tmp_path / "cache").glob("*.pt"))
+    assert len(files) == 2
+    other = next(load_features(f) for f in files if f != cache_file)
+    assert not torch.equal(other.features, extracted.features)
+
+
+def test_a_corrupt_cache_file_is_rebuilt(checkpoint, tmp_path):
+    args = ["alphas=[2]", "logger=none", "plots=false"]
+    evaluate(checkpoint, tmp_path, *args)
+    [cache_file] = list((tmp_path / "cache").glob("*.pt"))
+    good = load_features(cache_file).features
+    cache_file.write_bytes(cache_file.read_bytes()[:100])  # truncated
+    with pytest.warns(UserWarning, match="unreadable feature cache"):
+        _, lines = evaluate(checkpoint, tmp_path, *args)
+    assert any("extracting" in line for line in lines)
+    assert torch.equal(load_features(cache_file).features, good)
+
+
+def _bad_checkpoints(checkpoint: Path, folder: Path) -> dict[str, tuple[Path, str]]:
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    cases: dict[str, tuple[Path, str]] = {}
+    truncated = folder / "truncated.ckpt"
+    truncated.write_bytes(checkpoint.read_bytes()[:300])
+    cases["truncated"] = (truncated, "cannot read checkpoint")
+    noise = folder / "noise.ckpt"
+    noise.write_bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+                      .numpy().tobytes())
+    cases["random bytes"] = (noise, "cannot read checkpoint")
+    edited = folder / "edited.ckpt"
+    torch.save({**payload, "hyper_parameters": {**payload["hyper_parameters"], "backbone_options": {"width": 16}}},
+               edited)
+    cases["weights of another shape"] = (edited, "do not match the backbone")
+    three = folder / "rgb.ckpt"
+    module = S2M2Module(backbone="conv4", backbone_options={"width": 8}, in_channels=3, num_classes=5,
+                        stage="classifier")
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams)}, three)
+    cases["3-channel checkpoint on 1-channel data"] = (three, "trained on 3-channel images")
+    no_hparams = folder / "bare.ckpt"
+    torch.save({"state_dict": payload["state_dict"]}, no_hparams)
+    cases["no hyper-parameters"] = (no_hparams, "no S2M2Module hyper-parameters")
+    cases["missing"] = (folder / "absent.ckpt", "checkpoint not found")
+    return cases
+
+
+def test_bad_checkpoints_give_clear_errors(checkpoint, tmp_path):
+    for name, (path, message) in _bad_checkpoints(checkpoint, tmp_path).items():
+        with pytest.raises(LightningPutmError, match=message):
+            evaluate(path, tmp_path, "logger=none", "plots=false", "alphas=[2]")
+    with pytest.raises(LightningPutmError, match="holds a conv4 backbone but backbone=resnet12"):
+        evaluate(checkpoint, tmp_path, "logger=none", "backbone=resnet12", "refresh_features=true")
+
+
+class _WritesMarker:
+    marker = ""
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_malicious_checkpoint_is_refused_without_running_code(checkpoint, tmp_path):
+    marker = tmp_path / "pwned"
+    _WritesMarker.marker = str(marker)
+    path = tmp_path / "evil.ckpt"
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    payload["hyper_parameters"]["extra"] = _WritesMarker()
+    torch.save(payload, path)
+    with pytest.raises(LightningPutmError, match="needs code execution to load"):
+        evaluate(path, tmp_path, "logger=none", "alphas=[2]")
+    assert not marker.exists()
+
+
+def test_cli_checkpoint_errors_exit_2_without_traceback(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "evaluate.py"), f"checkpoint={tmp_path / 'nope.ckpt'}",
+                           "logger=none"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2
+    assert "checkpoint not found" in done.stderr and "Traceback" not in done.stderr
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "evaluate.py"), "checkpoint=x.ckpt", "features=y.pt"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2 and "either features=<file> or checkpoint=<ckpt>" in done.stderr

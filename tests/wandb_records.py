@@ -1,0 +1,69 @@
+"""Read an offline W&B run folder back (for tests): history rows from ``run-*.wandb`` and logged tables.
+
+The ``.wandb`` file is a LevelDB-style log: a 7-byte header (``:W&B``, magic, version), then 32 KiB blocks of
+records, each with a 7-byte header (CRC32C 4, length 2 little-endian, type 1: full/first/middle/last) whose
+payloads join into serialised ``wandb.proto.Record`` messages.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any, Iterator
+
+BLOCK = 32768
+HEADER = 7
+FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
+
+
+def _payloads(data: bytes) -> Iterator[bytes]:
+    if data[:4] != b":W&B":
+        raise ValueError("not a W&B run file (missing :W&B header)")
+    position, pending = HEADER, b""
+    while position + HEADER <= len(data):
+        left_in_block = BLOCK - position % BLOCK
+        if left_in_block < HEADER:  # block trailer padding
+            position += left_in_block
+            continue
+        length, kind = struct.unpack("<HB", data[position + 4:position + 7])
+        payload = data[position + HEADER:position + HEADER + length]
+        position += HEADER + length
+        if kind == 0 and length == 0:
+            continue
+        if kind == FULL:
+            yield payload
+        elif kind == FIRST:
+            pending = payload
+        elif kind == MIDDLE:
+            pending += payload
+        elif kind == LAST:
+            yield pending + payload
+            pending = b""
+
+
+def history(run_dir: Path) -> list[dict[str, Any]]:
+    """Every ``run.log`` call of an offline run, as ``{key: value}`` (values JSON-decoded)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    [store] = list(Path(run_dir).glob("run-*.wandb"))
+    rows = []
+    for payload in _payloads(store.read_bytes()):
+        record = pb.Record()
+        record.ParseFromString(payload)
+        if record.WhichOneof("record_type") == "history":
+            rows.append({(item.key or "/".join(item.nested_key)): json.loads(item.value_json)
+                         for item in record.history.item})
+    return rows
+
+
+def table(run_dir: Path, key_prefix: str) -> dict[str, Any]:
+    """The JSON of the logged ``wandb.Table`` whose media file starts with ``key_prefix``."""
+    [path] = list((Path(run_dir) / "files" / "media" / "table").glob(f"{key_prefix}_*.table.json"))
+    return json.loads(path.read_text())
+
+
+def offline_run(save_dir: Path) -> Path:
+    """The single offline run folder under ``save_dir/wandb``."""
+    [run] = list((Path(save_dir) / "wandb").glob("offline-run-*"))
+    return run
