@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -512,6 +513,7 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
                                          plot_task=settings.plot_task, log=say)
     for name in ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero"):
         logging.getLogger(name).setLevel(logging.WARNING)  # "GPU available: ..." banners
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)  # Lightning internals
     trainer = build_evaluation_trainer(settings, logger, callback)
     try:
         trainer.test(module, datamodule=datamodule, verbose=False)
