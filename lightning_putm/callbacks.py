@@ -43,6 +43,7 @@ class FewShotEvaluationCallback(pl.Callback):
         config_yaml: str | None = None,
         plots: bool = True,
         plot_task: int = 0,
+        run_at_test: bool = True,
         log: Callable[[str], None] = print,
     ) -> None:
         super().__init__()
@@ -54,6 +55,7 @@ class FewShotEvaluationCallback(pl.Callback):
         self.config_yaml = config_yaml
         self.plots = plots
         self.plot_task = plot_task
+        self.run_at_test = run_at_test  # False during pretraining: Trainer.test there scores the test split by NCM
         self.say = log
         self._outputs: list[dict[str, torch.Tensor]] = []
         self.results: list[Any] = []  # SettingResult of the last evaluation
@@ -65,9 +67,12 @@ class FewShotEvaluationCallback(pl.Callback):
 
     def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                           batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._collect(outputs)
+        if self.run_at_test:
+            self._collect(outputs)
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.run_at_test:
+            return
         self._evaluate(trainer, pl_module, split=self.settings.split, prefix="fewshot",
                        output_dir=self.settings.output_dir, cache=self.feature_cache)
 
@@ -148,6 +153,12 @@ class FewShotEvaluationCallback(pl.Callback):
         if device.type == pl_module.device.type:  # one process per GPU: each rank uses its own
             device = pl_module.device
         settings = replace(self.settings, output_dir=output_dir, device=device)
+        if trainer.world_size > 1:
+            from lightning_putm.evaluation import shard_range
+
+            start, stop = shard_range(settings.tasks, trainer.global_rank, trainer.world_size)
+            print(f"rank {trainer.global_rank} of {trainer.world_size}: solving tasks {start}-{stop - 1} of each bank",
+                  flush=True)
         results = evaluate_features(feature_set, settings, say, rank=trainer.global_rank, world_size=trainer.world_size,
                                     gather=(lambda t: pl_module.all_gather(t)) if trainer.world_size > 1 else None,
                                     progress=settings.progress and rank_zero)

@@ -116,6 +116,8 @@ class TrainSettings:
     log_dir: Path
     wandb: dict[str, Any]
     trainer: dict[str, Any]
+    fewshot_eval: Any = None  # EvaluationSettings of the periodic PUTM/peer evaluation, or None
+    fewshot_every: int | None = None
 
     def stage_dir(self, stage: str) -> Path:
         return (self.checkpoint_dir / self.dataset / self.backbone / stage).absolute()
@@ -192,7 +194,32 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         log_dir=Path(str(cfg.log_dir)),
         wandb=to_container(cfg.wandb),
         trainer=trainer,
+        fewshot_every=_fewshot_every(cfg),
+        fewshot_eval=_fewshot_settings(cfg),
     )
+
+
+def _fewshot_every(cfg: DictConfig) -> int | None:
+    every = cfg.fewshot_eval.every_n_epochs
+    return None if every is None else int(_positive(every, "fewshot_eval.every_n_epochs", integer=True))
+
+
+def _fewshot_settings(cfg: DictConfig) -> Any:
+    """Settings of the periodic few-shot evaluation on the validation split (evaluate.py's validation rules)."""
+    if cfg.fewshot_eval.every_n_epochs is None:
+        return None
+    from lightning_putm.evaluation import load_evaluate_config, settings_from_config
+
+    node = cfg.fewshot_eval
+    overrides = [f"methods={list(node.methods)}".replace("'", ""), f"shots={list(node.shots)}",
+                 f"alphas={list(node.alphas)}".replace("'", ""), f"tasks={node.tasks}",
+                 f"ways={cfg.val_episodes.ways}", f"queries={cfg.val_episodes.queries}", f"seed={cfg.val_episodes.seed}",
+                 "split=val", "progress=false", f"output_dir={Path(str(cfg.log_dir)) / 'fewshot' / str(cfg.data.name)}",
+                 *[str(o) for o in (node.overrides or [])]]
+    try:
+        return settings_from_config(load_evaluate_config(overrides))
+    except ConfigError as exc:
+        raise ConfigError(f"fewshot_eval: {exc}") from exc
 
 
 # --------------------------------------------------------------------------------------------- building blocks
@@ -270,6 +297,14 @@ def build_trainer(settings: TrainSettings, stage: str, has_val: bool, logger: An
                                          auto_insert_metric_name=False, enable_version_counter=False))
     callbacks.append(ModelCheckpoint(dirpath=folder, filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
                                      enable_version_counter=False))
+    if settings.fewshot_every is not None and has_val:
+        from dataclasses import replace
+
+        from lightning_putm.callbacks import FewShotEvaluationCallback
+
+        fewshot = replace(settings.fewshot_eval, output_dir=settings.fewshot_eval.output_dir / stage)
+        callbacks.append(FewShotEvaluationCallback(fewshot, every_n_val_epochs=settings.fewshot_every, plots=False,
+                                                   run_at_test=False))
     kwargs = dict(settings.trainer)
     kwargs.update(max_epochs=settings.epochs[stage], logger=logger, callbacks=callbacks,
                   plugins=[AtomicCheckpointIO()], enable_checkpointing=True)

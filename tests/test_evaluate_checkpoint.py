@@ -197,3 +197,21 @@ def test_cli_checkpoint_errors_exit_2_without_traceback(tmp_path):
     done = subprocess.run([sys.executable, str(REPO_ROOT / "evaluate.py"), "checkpoint=x.ckpt", "features=y.pt"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 2 and "either features=<file> or checkpoint=<ckpt>" in done.stderr
+
+
+def test_pretraining_runs_the_fewshot_callback_every_k_validation_epochs(tmp_path):
+    run_train_backbone(["logger=csv", f"log_dir={tmp_path / 'logs'}", "trainer.enable_progress_bar=false",
+                        "trainer.enable_model_summary=false", "trainer.accelerator=cpu", "backbone.width=8",
+                        "stages=[classifier]", "trainer.max_epochs=2", "val_episodes.tasks=5", "run_test=true",
+                        "test_episodes.tasks=5", f"checkpoint_dir={tmp_path / 'ck'}", "fewshot_eval.every_n_epochs=2",
+                        "fewshot_eval.tasks=3", "fewshot_eval.overrides=[method.putm.em_steps=1,method.putm.inner_steps=2]"],
+                       log=quiet)
+    folder = tmp_path / "logs" / "fewshot" / "digits" / "classifier"
+    assert [p.name for p in sorted(folder.iterdir())] == ["val_epoch_0001"]  # epoch 2 of 2 only
+    summary = read_csv(folder / "val_epoch_0001" / "results.csv")
+    assert {(r["method"], r["alpha"]) for r in summary} == {(m, a) for m in ("putm", "simpleshot") for a in ("2", "balanced")}
+    [metrics_file] = list((tmp_path / "logs").rglob("metrics.csv"))
+    logged = [r for r in read_csv(metrics_file) if r.get("val_fewshot/putm/1shot/alpha_2/acc")]
+    assert len(logged) == 1 and logged[0]["epoch"] == "1"
+    putm = next(r for r in summary if r["method"] == "putm" and r["alpha"] == "2")
+    assert float(logged[0]["val_fewshot/putm/1shot/alpha_2/acc"]) == pytest.approx(float(putm["accuracy"]), abs=1e-3)
