@@ -36,3 +36,20 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A Conv-4 of width 8 trained for one epoch (classifier stage) on the base digits: a real checkpoint in seconds."""
+    from lightning_putm.training import run_train_backbone
+
+    folder = tmp_path_factory.mktemp("tiny_checkpoint")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_train_backbone(["logger=none", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+                            "trainer.accelerator=cpu", "backbone.width=8", "stages=[classifier]", "trainer.max_epochs=1",
+                            "val_episodes.tasks=5", "run_test=false", f"checkpoint_dir={folder}"], log=lambda _: None)
+    finally:
+        torch.set_num_threads(threads)
+    return folder / "digits" / "conv4" / "classifier" / "last.ckpt"

@@ -35,14 +35,9 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    """A tiny Conv-4 (width 8) trained for one epoch on the base digits."""
-    folder = tmp_path_factory.mktemp("ckpt")
-    run_train_backbone(["logger=none", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
-                        "trainer.accelerator=cpu", "backbone.width=8", "stages=[classifier]", "trainer.max_epochs=1",
-                        "val_episodes.tasks=5", "run_test=false", f"checkpoint_dir={folder}"], log=quiet)
-    return folder / "digits" / "conv4" / "classifier" / "last.ckpt"
+@pytest.fixture
+def checkpoint(tiny_checkpoint: Path) -> Path:
+    return tiny_checkpoint
 
 
 def evaluate(checkpoint: Path, tmp_path: Path, *extra: str) -> tuple[list, list[str]]:

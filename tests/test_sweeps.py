@@ -10,7 +10,6 @@ import yaml
 
 from conftest import REPO_ROOT
 from lightning_putm.evaluation import load_evaluate_config, run_evaluate, settings_from_config
-from lightning_putm.training import run_train_backbone
 
 SWEEPS = sorted((REPO_ROOT / "conf" / "sweep").glob("*.yaml"))
 FAST = ["method.putm.em_steps=2", "method.putm.inner_steps=3", "tasks=2", "logger=none", "progress=false",
@@ -63,13 +62,9 @@ def test_every_grid_point_is_a_valid_configuration(path: Path):
         assert first.alphas == [None if last_alpha == "balanced" else float(last_alpha)]
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("ckpt")
-    run_train_backbone(["logger=none", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
-                        "trainer.accelerator=cpu", "backbone.width=8", "stages=[classifier]", "trainer.max_epochs=1",
-                        "val_episodes.tasks=5", "run_test=false", f"checkpoint_dir={folder}"], log=lambda _: None)
-    return folder / "digits" / "conv4" / "classifier" / "last.ckpt"
+@pytest.fixture
+def checkpoint(tiny_checkpoint: Path) -> Path:
+    return tiny_checkpoint
 
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
