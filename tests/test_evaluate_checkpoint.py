@@ -210,3 +210,26 @@ def test_pretraining_runs_the_fewshot_callback_every_k_validation_epochs(tmp_pat
     assert len(logged) == 1 and logged[0]["epoch"] == "1"
     putm = next(r for r in summary if r["method"] == "putm" and r["alpha"] == "2")
     assert float(logged[0]["val_fewshot/putm/1shot/alpha_2/acc"]) == pytest.approx(float(putm["accuracy"]), abs=1e-3)
+
+
+def test_wandb_logs_offline_without_credentials_and_never_prints_the_key(tmp_path, monkeypatch):
+    from lightning_putm.errors import ConfigError
+    from lightning_putm.loggers import resolve_wandb_mode
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("NETRC", str(tmp_path / "none"))
+    notices: list[str] = []
+    assert resolve_wandb_mode(None, notices.append) == "offline"
+    assert "no W&B credentials" in notices[0]
+    secret = "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    notices.clear()
+    assert resolve_wandb_mode(None, notices.append) == "online" and not notices
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert resolve_wandb_mode(None, notices.append) == "offline"
+    assert resolve_wandb_mode("disabled", notices.append) == "disabled"
+    with pytest.raises(ConfigError, match="wandb.mode must be"):
+        resolve_wandb_mode("sometimes", notices.append)
+    assert all(secret not in line for line in notices)
