@@ -161,7 +161,8 @@ class FewShotEvaluationCallback(pl.Callback):
                   flush=True)
         results = evaluate_features(feature_set, settings, say, rank=trainer.global_rank, world_size=trainer.world_size,
                                     gather=(lambda t: pl_module.all_gather(t)) if trainer.world_size > 1 else None,
-                                    progress=settings.progress and rank_zero)
+                                    progress=settings.progress and rank_zero,
+                                    should_stop=lambda: bool(getattr(trainer, "received_sigterm", False)))
         self.results = results
         rows = summary_rows(results)
         for row in rows:

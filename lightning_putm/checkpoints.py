@@ -19,7 +19,7 @@ import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from lightning_putm.errors import DataError
-from lightning_putm.features import atomic_torch_save, looks_like_torch_file
+from lightning_putm.features import atomic_torch_save, looks_like_torch_file, unsafe_load_reason
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -50,8 +50,9 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        raise DataError(f"{path} needs code execution to load, so it is refused ({exc}); only checkpoints that "
-                        "hold tensors and plain values can be read") from exc
+        raise DataError(f"{path} cannot be loaded safely, so it is refused ({unsafe_load_reason(exc)}): it is "
+                        "corrupt or needs code execution to load. Only checkpoints that hold tensors and plain values "
+                        "can be read; use a .ckpt written by train_backbone.py") from exc
     except Exception as exc:  # truncated file, not a torch file
         raise DataError(f"cannot read checkpoint {path}: {exc}") from exc
     if not isinstance(payload, dict) or "state_dict" not in payload:

@@ -10,6 +10,23 @@ from lightning_putm.errors import LightningPutmError
 EXIT_USER_ERROR = 2
 
 
+def user_message(exc: BaseException) -> str:
+    """The error's message on one line.
+
+    An error raised inside a DataLoader worker (``data.num_workers > 0``) comes back re-raised with the worker's
+    whole traceback as its message; only the original message (its last line) is meant for the user.
+    """
+    text = str(exc)
+    if "Original Traceback (most recent call last)" in text:
+        last = [line for line in text.strip().splitlines() if line.strip()][-1].strip()
+        name = type(exc).__name__
+        for prefix in (f"{type(exc).__module__}.{name}: ", f"{name}: "):
+            if last.startswith(prefix):
+                last = last[len(prefix):]
+        text = last
+    return " ".join(text.split()) if "\n" in text else text
+
+
 def run_cli(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None) -> int:
     """Run ``main(argv)``; print user errors as one line (full traceback with ``debug=true``)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -22,7 +39,15 @@ def run_cli(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None 
     except LightningPutmError as exc:
         if debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {user_message(exc)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except InterruptedError as exc:  # SIGTERM during evaluation (evaluation.py polls the trainer's flag)
+        print(f"stopped: {exc}", file=sys.stderr)
+        return 143
+    except OSError as exc:  # permissions, a full disk, a path that is a folder: the environment, not a bug
+        if debug:
+            raise
+        print(f"error: {user_message(exc)} (check the path, its permissions and the free space)", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -64,8 +65,10 @@ def parse_value(key: str, raw: str) -> Any:
     """YAML-parse one override value (``[1,5]`` → list, ``0.5`` → float, ``balanced`` → str)."""
     try:
         return OmegaConf.to_container(OmegaConf.from_dotlist([f"value={raw}"]))["value"]
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"cannot parse the value of {key}: {raw!r} ({exc})") from exc
+    except (OmegaConfBaseException, yaml.YAMLError) as exc:  # e.g. `shots=[1` (unbalanced bracket)
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"cannot parse the value of {key}: {raw!r} is not valid YAML ({reason}); "
+                          "quote it or fix the brackets, e.g. shots=[1,5]") from exc
 
 
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
@@ -75,8 +78,24 @@ def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
         key, raw = split_override(text)
         _check_key(cfg, key)
         value = parse_value(key, raw)
+        current = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
+        if isinstance(current, DictConfig) and not isinstance(value, dict):
+            keys = ", ".join(sorted(str(k) for k in current.keys())) or "(none)"
+            raise ConfigError(f"{key} is a group of settings, not a single value (got {value!r}); set its keys as "
+                              f"{key}.<key>=value (keys: {keys})")
         OmegaConf.update(cfg, key, value, merge=False, force_add=False)
+        check_resolvable(cfg)
     return cfg
+
+
+def check_resolvable(cfg: DictConfig) -> None:
+    """Resolve every ``${...}`` interpolation now, so a bad one is a clear error instead of a crash later."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        reason = " ".join(str(exc).split())
+        raise ConfigError(f"cannot resolve an interpolation in the config ({reason}); `${{key}}` must name an "
+                          "existing key and must not refer to itself") from exc
 
 
 def _check_key(cfg: DictConfig, dotted: str) -> None:

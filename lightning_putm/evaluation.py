@@ -143,6 +143,8 @@ def parse_alpha(value: Any) -> float | None:
     """A Dirichlet α (> 0, finite) or ``balanced`` → ``None``."""
     if isinstance(value, str) and value.strip().lower() == "balanced":
         return None
+    if isinstance(value, bool):
+        raise ConfigError(f"alphas: {value!r} is neither a positive number nor `balanced`")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         try:
             value = float(value)
@@ -160,9 +162,34 @@ def resolve_device(name: str) -> torch.device:
         device = torch.device(name)
     except RuntimeError as exc:
         raise ConfigError(f"device: cannot use {name!r} ({exc}); use auto, cpu or cuda[:index]") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device: {name!r} is not supported; use auto, cpu or cuda[:index]")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={name} but CUDA is not available here; use device=auto or device=cpu")
     return device
+
+
+def check_method_params(cfg: DictConfig, methods: list[str]) -> None:
+    """Each ``method.<name>.<key>`` must have the type of its default in ``conf/method/<name>.yaml``."""
+    for name in methods:
+        defaults = load_group("method", name)
+        for key, value in cfg.method[name].items():
+            default = defaults.get(key)
+            where = f"method.{name}.{key}"
+            if default is None or value is None:
+                continue
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"`{where}` must be true or false, got {value!r}")
+            elif isinstance(default, (int, float)):
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                    raise ConfigError(f"`{where}` must be a number (default {default}), got {value!r}")
+                if isinstance(default, int) and not isinstance(value, int):
+                    raise ConfigError(f"`{where}` must be an integer (default {default}), got {value!r}")
+            elif isinstance(default, str) and not isinstance(value, str):
+                raise ConfigError(f"`{where}` must be text (default {default!r}), got {value!r}")
+            elif OmegaConf.is_list(default) and not OmegaConf.is_list(value):
+                raise ConfigError(f"`{where}` must be a list like {to_container(default)}, got {value!r}")
 
 
 def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
@@ -190,7 +217,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         tasks = _int(cfg, "tasks", 1)
     seed = _int(cfg, "seed", 0)
     budget = cfg.memory_budget_mb
-    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
         raise ConfigError(f"`memory_budget_mb` must be a positive number, got {budget!r}")
     oracle_prior = cfg.get("oracle_prior", False)
     if not isinstance(oracle_prior, bool):
@@ -208,7 +235,10 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     split = str(cfg.split)
     if split not in SPLITS:
         raise ConfigError(f"`split` must be one of {', '.join(SPLITS)}, got {split!r}")
-    for key in ("refresh_features", "plots", "progress"):
+    if cfg.output_dir is None or str(cfg.output_dir).strip() in ("", "None", "null"):
+        raise ConfigError("`output_dir` must be a folder path, e.g. output_dir=outputs/evaluate")
+    check_method_params(cfg, methods)
+    for key in ("refresh_features", "plots", "progress", "allow_pickle"):
         if not isinstance(cfg[key], bool):
             raise ConfigError(f"`{key}` must be true or false, got {cfg[key]!r}")
     from lightning_putm.loggers import LOGGERS
@@ -226,7 +256,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         seed=seed,
         device=resolve_device(str(cfg.device)),
         output_dir=Path(str(cfg.output_dir)),
-        allow_pickle=bool(cfg.allow_pickle),
+        allow_pickle=cfg.allow_pickle,
         memory_budget_mb=float(budget),
         progress=bool(cfg.progress),
         method_params={name: to_container(cfg.method[name]) for name in methods if name in cfg.method},
@@ -301,11 +331,13 @@ def evaluate_features(
     world_size: int = 1,
     gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
     progress: bool | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[SettingResult]:
     """Run every method on the same episode bank for each (shot, α); returns one result per triple.
 
     With ``world_size > 1`` every process samples the same banks, solves its contiguous block of tasks and
     ``gather`` (an all-gather) assembles the per-task accuracies, so the table equals a single process's.
+    ``should_stop`` is polled after every chunk of tasks (e.g. SIGTERM received): the run then stops early.
     """
     if world_size > 1 and gather is None:
         raise ValueError("evaluate_features with world_size > 1 needs a gather function (all_gather)")
@@ -336,7 +368,7 @@ def evaluate_features(
                     )
                     bar.set_postfix_str(f"{name} {shots}-shot alpha={bank.alpha_label}")
                     start = time.perf_counter()
-                    probabilities = method.predict(batch, on_chunk=bar.update)
+                    probabilities = method.predict(batch, on_chunk=lambda n: _advance(bar, n, should_stop))
                     seconds = time.perf_counter() - start
                     accuracies = task_accuracy(probabilities, query_labels)
                     if world_size > 1:
@@ -346,6 +378,13 @@ def evaluate_features(
     finally:
         bar.close()
     return results
+
+
+def _advance(bar: Any, tasks: int, should_stop: Callable[[], bool] | None) -> None:
+    bar.update(tasks)
+    if should_stop is not None and should_stop():
+        raise InterruptedError("evaluation stopped: the process received a termination signal (SIGTERM); "
+                               "no result files were written for this run")
 
 
 # --------------------------------------------------------------------------------------------- report
@@ -446,9 +485,10 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
             return self._eval_loader(split)
 
     datamodule = SplitDataModule(
-        str(data.name), root=data.root, image_size=int(data.image_size), eval_batch_size=int(data.eval_batch_size),
-        num_workers=int(data.num_workers), normalize=to_container(data.normalize) if data.normalize else None,
-        eval_resize=float(data.eval_resize), options=to_container(data.options) if data.options else {},
+        str(data.name), root=data.root, image_size=_data_int(data, "image_size", 1),
+        eval_batch_size=_data_int(data, "eval_batch_size", 1), num_workers=_data_int(data, "num_workers", 0),
+        normalize=_data_mapping(data, "normalize"), eval_resize=_data_positive(data, "eval_resize"),
+        options=_data_mapping(data, "options") or {},
     )
     images = datamodule.split(split)
     if len(images) == 0:
@@ -475,6 +515,30 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
     return BackboneFeatures(backbone), datamodule, cache
 
 
+def _data_int(data: DictConfig, key: str, low: int) -> int:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"`data.{key}` must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _data_positive(data: DictConfig, key: str) -> float:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"`data.{key}` must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _data_mapping(data: DictConfig, key: str) -> dict[str, Any] | None:
+    value = data[key]
+    if value is None or value == {}:
+        return None
+    if not OmegaConf.is_dict(value):
+        raise ConfigError(f"`data.{key}` must be a mapping (e.g. data.normalize={{mean: [0.5], std: [0.5]}}) or null, "
+                          f"got {value!r}")
+    return to_container(value)
+
+
 def build_evaluation_trainer(settings: EvaluationSettings, logger: Any, callback: Any) -> Any:
     import pytorch_lightning as pl
     from lightning_fabric.utilities.exceptions import MisconfigurationException
@@ -485,7 +549,7 @@ def build_evaluation_trainer(settings: EvaluationSettings, logger: Any, callback
                   default_root_dir=str(settings.output_dir))
     try:
         return pl.Trainer(**kwargs)
-    except (TypeError, ValueError, MisconfigurationException) as exc:
+    except (TypeError, ValueError, ImportError, RuntimeError, MemoryError, MisconfigurationException) as exc:
         raise ConfigError(f"invalid trainer options {settings.trainer}: {exc}") from exc
 
 
@@ -514,10 +578,10 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
     for name in ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero"):
         logging.getLogger(name).setLevel(logging.WARNING)  # "GPU available: ..." banners
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)  # Lightning internals
-    trainer = build_evaluation_trainer(settings, logger, callback)
     try:
+        trainer = build_evaluation_trainer(settings, logger, callback)
         trainer.test(module, datamodule=datamodule, verbose=False)
-    finally:
-        if type(logger).__name__ == "WandbLogger" and trainer.is_global_zero:
+    finally:  # also after an error: a W&B run left open would swallow the next run's logs in this process
+        if type(logger).__name__ == "WandbLogger" and getattr(rank_zero_only, "rank", 0) == 0:
             logger.experiment.finish()
     return callback.results

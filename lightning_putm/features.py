@@ -12,10 +12,13 @@ point between a backbone (or a file from another project) and the episode bank.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import pickle
+import re
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,7 @@ from lightning_putm.errors import FeatureError
 FORMAT_NAME = "lightning-putm-features"
 FORMAT_VERSION = 1
 PICKLE_SUFFIXES = (".plk", ".pkl", ".pickle")
+_INTEGER_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 @dataclass
@@ -46,8 +50,12 @@ class FeatureSet:
             )
         if not isinstance(self.labels, torch.Tensor) or self.labels.dim() != 1:
             raise FeatureError("labels must be a 1-D tensor [n]")
-        if self.labels.dtype.is_floating_point or self.labels.dtype == torch.bool:
+        if self.labels.dtype not in _INTEGER_DTYPES:  # float, bool, complex
             raise FeatureError(f"labels must be integers, got dtype {self.labels.dtype}; store class indices 0..C-1")
+        if self.features.shape[1] == 0 and len(self.features):
+            raise FeatureError("features have 0 dimensions (shape [n, 0]); every row needs at least one value")
+        if not (self.features.dtype.is_floating_point or self.features.dtype in _INTEGER_DTYPES):
+            raise FeatureError(f"features must be real numbers, got dtype {self.features.dtype}")
         if len(self.labels) != len(self.features):
             raise FeatureError(f"{len(self.features)} feature rows but {len(self.labels)} labels; they must match")
         self.features = self.features.float()
@@ -97,8 +105,17 @@ def save_features(feature_set: FeatureSet, path: str | os.PathLike) -> Path:
     return path
 
 
+#: A temporary file of an earlier write to the same path untouched this long was left by a killed process.
+STALE_TEMP_SECONDS = 15 * 60
+
+
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file in the same folder, fsync, then rename over ``path``."""
+    """``torch.save`` to a temporary file in the same folder, fsync, then rename over ``path``.
+
+    A process killed mid-write (SIGKILL, OOM killer, power loss) leaves ``path`` as it was plus a hidden
+    ``.<name>.*.tmp`` file that is never read; the next successful write removes such leftovers once they are
+    :data:`STALE_TEMP_SECONDS` old (a write in progress keeps touching its own temporary file).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -112,6 +129,37 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_folder(path.parent)
+    remove_stale_temps(path)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable (POSIX); best effort elsewhere."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(path: str | os.PathLike, older_than: float = STALE_TEMP_SECONDS) -> list[Path]:
+    """Delete temporary files of interrupted writes to ``path`` not modified for ``older_than`` seconds."""
+    path = Path(path)
+    now = time.time()
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > older_than:
+                tmp.unlink()
+                removed.append(tmp)
+        except OSError:  # removed by someone else meanwhile
+            pass
+    return removed
 
 
 def looks_like_torch_file(path: str | os.PathLike) -> bool:
@@ -125,14 +173,30 @@ def looks_like_torch_file(path: str | os.PathLike) -> bool:
         return handle.read(1) == b"\x80"
 
 
+def unsafe_load_reason(exc: BaseException) -> str:
+    """One short line on why a weights-only ``torch.load`` refused a file (PyTorch's own text is a page long).
+
+    ``Unsupported global: GLOBAL x.y`` means the file asks to import and call ``x.y`` (code execution); any other
+    refusal (an opcode the safe unpickler does not run) means a corrupt file or a general pickle.
+    """
+    text = " ".join(str(exc).split())
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if found:
+        return f"it asks to import and call {found.group(1)}"
+    found = re.search(r"WeightsUnpickler error: (.*?)(?: Check the documentation|$)", text)
+    return (found.group(1).strip() if found else text[:200]) or "refused by the weights-only unpickler"
+
+
 def load_features(path: str | os.PathLike, allow_pickle: bool = False) -> FeatureSet:
     """Load a feature file: our ``.pt`` format, or a legacy pickle when ``allow_pickle`` is set."""
     path = Path(path)
     if not path.exists():
         raise FeatureError(f"feature file not found: {path}; check the `features=` path")
+    if not path.is_file():
+        raise FeatureError(f"{path} is not a regular file (a folder or a device); check the `features=` path")
     if path.suffix.lower() in PICKLE_SUFFIXES:
         return _load_pickle_features(path, allow_pickle)
-    if path.is_file() and not looks_like_torch_file(path):
+    if not looks_like_torch_file(path):
         raise FeatureError(f"cannot read feature file {path}: it is not a complete PyTorch file (truncated, corrupt "
                            "or another format). Re-create it with lightning_putm.features.save_features; a legacy "
                            "pickle needs the .plk/.pkl suffix and allow_pickle=true")
@@ -140,8 +204,9 @@ def load_features(path: str | os.PathLike, allow_pickle: bool = False) -> Featur
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise FeatureError(
-            f"{path} is not a safe lightning-putm feature file (it needs code execution to load: {exc}). "
-            "If it is a trusted legacy pickle, rename it to .plk/.pkl and pass allow_pickle=true"
+            f"{path} is not a safe lightning-putm feature file: a weights-only load refused it "
+            f"({unsafe_load_reason(exc)}); it is corrupt or needs code execution to load. If it is a trusted legacy "
+            "pickle, rename it to .plk/.pkl and pass allow_pickle=true"
         ) from exc
     except Exception as exc:  # truncated, random bytes, not a torch file
         raise FeatureError(f"cannot read feature file {path}: {exc}. The file is corrupt or not a feature file") from exc
@@ -152,7 +217,10 @@ def load_features(path: str | os.PathLike, allow_pickle: bool = False) -> Featur
         )
     try:
         meta = json.loads(payload["meta_json"])
-        feature_set = FeatureSet(payload["features"], payload["labels"], list(meta["class_names"]), meta["metadata"])
+        names, metadata = meta["class_names"], meta["metadata"]
+        if not isinstance(names, list) or not isinstance(metadata, dict):
+            raise TypeError("class_names must be a list and metadata a mapping")
+        feature_set = FeatureSet(payload["features"], payload["labels"], [str(n) for n in names], metadata)
     except (KeyError, json.JSONDecodeError, TypeError) as exc:
         raise FeatureError(f"feature file {path} is malformed ({exc!r}); re-create it") from exc
     feature_set.metadata.setdefault("source", str(path))
@@ -180,12 +248,19 @@ def feature_set_from_label_dict(raw: Any, source: str = "dict") -> FeatureSet:
         raise FeatureError(f"{source}: expected a non-empty dict {{label: list of feature vectors}}, got {type(raw).__name__}")
     rows: list[torch.Tensor] = []
     labels: list[int] = []
-    keys = sorted(raw.keys(), key=lambda k: (str(type(k)), k))
+    try:
+        keys = sorted(raw.keys(), key=lambda k: (str(type(k)), k))
+    except TypeError:  # keys of one type that do not compare (e.g. tuples of mixed types)
+        keys = sorted(raw.keys(), key=lambda k: (str(type(k)), repr(k)))
     for index, key in enumerate(keys):
         vectors = raw[key]
-        if len(vectors) == 0:
-            continue
-        block = torch.stack([torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in vectors])
+        try:
+            if len(vectors) == 0:
+                continue
+            block = torch.stack([torch.as_tensor(v, dtype=torch.float32).reshape(-1) for v in vectors])
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise FeatureError(f"{source}: the entry of label {key!r} is not a list of numeric feature vectors of one length "
+                               f"({type(exc).__name__}: {exc})") from exc
         rows.append(block)
         labels.extend([index] * len(block))
     dims = {r.shape[1] for r in rows}

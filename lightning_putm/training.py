@@ -19,15 +19,15 @@ from typing import Any, Callable, Sequence
 
 import pytorch_lightning as pl
 from lightning_fabric.utilities.exceptions import MisconfigurationException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_only
 
 from lightning_putm.checkpoints import AtomicCheckpointIO
-from lightning_putm.config import (apply_overrides, conf_dir, load_group, load_yaml, parse_value, split_override,
-                                   to_container, to_yaml)
+from lightning_putm.config import (apply_overrides, check_resolvable, conf_dir, load_group, load_yaml, parse_value,
+                                   split_override, to_container, to_yaml)
 from lightning_putm.data.datamodule import EpisodeSettings, FewShotDataModule
 from lightning_putm.errors import ConfigError, DataError
-from lightning_putm.pretrain import STAGES, S2M2Module, init_from_checkpoint
+from lightning_putm.pretrain import STAGES, S2M2Module, check_resume_checkpoint, init_from_checkpoint
 
 #: Trainer arguments this job sets itself; use the named config keys instead.
 RESERVED_TRAINER_ARGS = {
@@ -92,6 +92,7 @@ def apply_trainer_overrides(cfg: DictConfig, overrides: Sequence[str], reserved:
             raise ConfigError(f"unknown Trainer argument {key!r}; valid trainer.<name>: "
                               f"{', '.join(sorted(valid - set(reserved)))}")
         OmegaConf.update(cfg, key, parse_value(key, raw), merge=False, force_add=True)
+    check_resolvable(cfg)
     return cfg
 
 
@@ -130,6 +131,40 @@ def _positive(value: Any, key: str, integer: bool = False) -> Any:
     return value
 
 
+def _flag(value: Any, key: str) -> bool:
+    """A true/false setting; ``bool("no")`` is True, so strings are never coerced."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"`{key}` must be true or false, got {value!r}")
+    return value
+
+
+def _number(value: Any, key: str, low: float = 0.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+        raise ConfigError(f"`{key}` must be a number >= {low:g}, got {value!r}")
+    return float(value)
+
+
+def _count(value: Any, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"`{key}` must be an integer >= 0, got {value!r}")
+    return value
+
+
+def _path(value: Any, key: str) -> Path:
+    if value is None or isinstance(value, (bool, int, float, ListConfig, DictConfig)) or not str(value).strip():
+        raise ConfigError(f"`{key}` must be a path, got {value!r}")
+    return Path(str(value))
+
+
+def _mapping(value: Any, key: str) -> dict[str, Any]:
+    """An optional group of settings (``null`` or a mapping) as a plain dict."""
+    if value is None:
+        return {}
+    if not isinstance(value, DictConfig):
+        raise ConfigError(f"`{key}` must be a mapping of settings (e.g. {key}.<name>=value) or null, got {value!r}")
+    return to_container(value)
+
+
 def _episodes(cfg: DictConfig, key: str) -> EpisodeSettings:
     node = cfg[key]
     alpha = node.alpha
@@ -145,7 +180,8 @@ def _episodes(cfg: DictConfig, key: str) -> EpisodeSettings:
 
 
 def settings_from_config(cfg: DictConfig) -> TrainSettings:
-    stages = [str(s) for s in (cfg.stages if not isinstance(cfg.stages, str) else [cfg.stages])]
+    stages = cfg.stages if not isinstance(cfg.stages, str) else [cfg.stages]
+    stages = [str(s) for s in stages] if isinstance(stages, ListConfig) else [repr(stages)]
     if not stages or any(s not in STAGES for s in stages):
         raise ConfigError(f"`stages` must list stages among {', '.join(STAGES)}, got {stages}")
     epochs_cfg = to_container(cfg.data.epochs)
@@ -164,7 +200,12 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
     seed = cfg.seed
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"`seed` must be an integer >= 0, got {seed!r}")
-    mix_layers = [int(m) for m in (cfg.mix_layers if not isinstance(cfg.mix_layers, int) else [cfg.mix_layers])]
+    mix_layers = cfg.mix_layers if not isinstance(cfg.mix_layers, int) else [cfg.mix_layers]
+    if (not isinstance(mix_layers, (list, ListConfig)) or not mix_layers
+            or any(isinstance(m, bool) or not isinstance(m, int) for m in mix_layers)):
+        raise ConfigError(f"`mix_layers` must be a non-empty list of layer indices (0 = input, i = after block i), "
+                          f"e.g. mix_layers=[0,1,2,3]; got {cfg.mix_layers!r}")
+    mix_layers = [int(m) for m in mix_layers]
     backbone_options = {k: v for k, v in to_container(cfg.backbone).items() if k != "name"}
     trainer = {k: v for k, v in to_container(cfg.trainer).items() if k != "max_epochs"}
     return TrainSettings(
@@ -173,26 +214,26 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         backbone_options=backbone_options,
         stages=stages,
         epochs=epochs,
-        init_from=Path(str(cfg.init_from)) if cfg.init_from else None,
-        resume=bool(cfg.resume),
-        checkpoint_dir=Path(str(cfg.checkpoint_dir)),
+        init_from=_path(cfg.init_from, "init_from") if cfg.init_from else None,
+        resume=_flag(cfg.resume, "resume"),
+        checkpoint_dir=_path(cfg.checkpoint_dir, "checkpoint_dir"),
         seed=seed,
         module_args={
             "lr": float(_positive(cfg.lr, "lr")),
-            "weight_decay": float(cfg.weight_decay),
+            "weight_decay": _number(cfg.weight_decay, "weight_decay"),
             "scheduler": str(cfg.scheduler),
             "mixup_alpha": float(_positive(cfg.mixup_alpha, "mixup_alpha")),
             "mix_layers": mix_layers,
             "head_scale": head_scale,
-            "class_gain": bool(cfg.head.class_gain),
+            "class_gain": _flag(cfg.head.class_gain, "head.class_gain"),
             "ncm_normalise": str(cfg.ncm),
         },
         val_episodes=_episodes(cfg, "val_episodes"),
         test_episodes=_episodes(cfg, "test_episodes"),
-        run_test=bool(cfg.run_test),
+        run_test=_flag(cfg.run_test, "run_test"),
         logger=str(cfg.logger),
-        log_dir=Path(str(cfg.log_dir)),
-        wandb=to_container(cfg.wandb),
+        log_dir=_path(cfg.log_dir, "log_dir"),
+        wandb=_mapping(cfg.wandb, "wandb"),
         trainer=trainer,
         fewshot_every=_fewshot_every(cfg),
         fewshot_eval=_fewshot_settings(cfg),
@@ -231,11 +272,11 @@ def build_datamodule(cfg: DictConfig, settings: TrainSettings) -> FewShotDataMod
         image_size=_positive(data.image_size, "data.image_size", integer=True),
         batch_size=_positive(data.batch_size, "data.batch_size", integer=True),
         eval_batch_size=_positive(data.eval_batch_size, "data.eval_batch_size", integer=True),
-        num_workers=int(data.num_workers),
-        augment=to_container(data.augment) if data.augment else {},
-        normalize=to_container(data.normalize) if data.normalize else None,
-        eval_resize=float(data.eval_resize),
-        options=to_container(data.options) if data.options else {},
+        num_workers=_count(data.num_workers, "data.num_workers"),
+        augment=_mapping(data.augment, "data.augment"),
+        normalize=_mapping(data.normalize, "data.normalize") or None,
+        eval_resize=float(_positive(data.eval_resize, "data.eval_resize")),
+        options=_mapping(data.options, "data.options"),
         val_episodes=settings.val_episodes,
         test_episodes=settings.test_episodes,
         seed=settings.seed,
@@ -310,7 +351,8 @@ def build_trainer(settings: TrainSettings, stage: str, has_val: bool, logger: An
                   plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
     try:
         return pl.Trainer(**kwargs)
-    except (TypeError, ValueError, MisconfigurationException) as exc:  # e.g. accelerator=gpu on a CPU machine
+    except (TypeError, ValueError, ImportError, RuntimeError, MemoryError, MisconfigurationException) as exc:
+        # e.g. accelerator=gpu on a CPU machine, accelerator=tpu without torch_xla, devices=10**10
         raise ConfigError(f"invalid trainer options {settings.trainer}: {exc}") from exc
 
 
@@ -350,12 +392,20 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
     trainer: pl.Trainer | None = None
     for index, stage in enumerate(settings.stages):
         pl.seed_everything(settings.seed + index, workers=True, verbose=False)
-        module = S2M2Module(backbone=settings.backbone, backbone_options=settings.backbone_options,
-                            in_channels=datamodule.in_channels, num_classes=train.num_classes, stage=stage,
-                            seed=settings.seed + index, **settings.module_args)
+        try:
+            module = S2M2Module(backbone=settings.backbone, backbone_options=settings.backbone_options,
+                                in_channels=datamodule.in_channels, num_classes=train.num_classes, stage=stage,
+                                seed=settings.seed + index, **settings.module_args)
+        except (TypeError, ValueError, RuntimeError) as exc:  # e.g. backbone.width=abc or -3
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"cannot build the {settings.backbone} backbone with options {settings.backbone_options} "
+                              f"({type(exc).__name__}: {exc}); check the backbone.<key> values against "
+                              f"conf/backbone/{settings.backbone}.yaml") from exc
         last = settings.stage_dir(stage) / "last.ckpt"
         resume_path = last if settings.resume and last.is_file() else None
         if resume_path is not None:
+            check_resume_checkpoint(module, resume_path)  # corrupt, unsafe or another model's: a clear error
             say(f"[{stage}] resuming from {resume_path}")
         elif previous is not None:
             init_from_checkpoint(module, previous)

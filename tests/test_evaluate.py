@@ -118,3 +118,22 @@ def test_script_runs_the_demo(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "effective config" in result.stdout and "simpleshot" in result.stdout
     assert len(read_csv(tmp_path / "per_task.csv")) == 2 * 2 * 2  # 2 methods x 2 alphas x 2 tasks
+
+
+def test_sigterm_stops_a_long_evaluation_promptly(tmp_path):
+    """Clusters send SIGTERM before killing a job: evaluation stops at the next chunk, exit code 143, no results."""
+    import signal
+    import time
+
+    command = [sys.executable, str(REPO_ROOT / "evaluate.py"), "methods=[putm]", "tasks=2000", "shots=[1]", "alphas=[2]",
+               "memory_budget_mb=8", "logger=none", "plots=false", "progress=false", f"output_dir={tmp_path}"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+    for line in process.stdout:  # the callback announces the features right before solving
+        if line.startswith("features:"):
+            break
+    time.sleep(2.0)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == 143, stderr[-2000:]
+    assert "termination signal" in stderr
+    assert not (tmp_path / "results.csv").exists()

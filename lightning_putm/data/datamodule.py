@@ -69,6 +69,8 @@ class FewShotDataModule(pl.LightningDataModule):
         self.episode_settings = {"val": val_episodes or EpisodeSettings(), "test": test_episodes or EpisodeSettings()}
         self._splits: dict[str, ImageSplit] = {}
         self._banks: dict[str, EpisodeBank] = {}
+        # Check the augmentation and normalisation settings now (ConfigError), not at the first training batch.
+        train_transform(self.image_size, self.in_channels, self.augment, self.normalize, not self.info.in_memory)
 
     # ------------------------------------------------------------------------------------- splits
     @property

@@ -147,11 +147,19 @@ def sample_episode_bank(
     rng = np.random.default_rng(
         bank_seed(seed, ways=ways, shots=shots, queries=queries, alpha=alpha, tasks=tasks, classes=int(len(present)))
     )
-    class_ids = np.empty((tasks, ways), dtype=np.int64)
-    support = np.empty((tasks, ways * shots), dtype=np.int64)
-    query = np.empty((tasks, queries), dtype=np.int64)
-    query_labels = np.empty((tasks, queries), dtype=np.int64)
-    counts_all = np.empty((tasks, ways), dtype=np.int64)
+    try:
+        class_ids = np.empty((tasks, ways), dtype=np.int64)
+        support = np.empty((tasks, ways * shots), dtype=np.int64)
+        query = np.empty((tasks, queries), dtype=np.int64)
+        query_labels = np.empty((tasks, queries), dtype=np.int64)
+        counts_all = np.empty((tasks, ways), dtype=np.int64)
+    except (MemoryError, ValueError) as exc:  # e.g. queries=10**12 or tasks=10**15: no array that large
+        available = int(sizes[present].sum())
+        if ways * shots + queries > available:
+            raise DataError(f"a task needs ways*shots + queries = {ways}*{shots} + {queries} = {ways * shots + queries} "
+                            f"distinct images but the split has only {available}; lower `shots` or `queries`") from exc
+        raise ConfigError(f"tasks={tasks} of {ways * shots} support + {queries} query images do not fit in memory "
+                          f"({exc}); lower `tasks`") from exc
     for t in range(tasks):
         chosen = rng.choice(present, size=ways, replace=False)
         counts = _draw_counts(rng, chosen, sizes, ways, shots, queries, alpha, max_redraws, name)

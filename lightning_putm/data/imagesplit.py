@@ -3,6 +3,14 @@
 Readers of the on-disk layouts (DESIGN §6) all return an :class:`ImageSplit`; it holds either file paths,
 decoded lazily (miniImageNet, tieredImageNet, CUB, CIFAR-FS), or an in-memory uint8/float tensor (Omniglot at
 28×28, the digits demo), whose tiny images are cheaper to keep decoded than to re-read every epoch.
+
+Images that fail to decode. Reading a split lists files without opening them (decoding every image of
+miniImageNet or tieredImageNet up front would take minutes). The first time a file that cannot be decoded is
+loaded (truncated, empty, random bytes, not an image, too large for PIL's decompression-bomb guard),
+:class:`FileImageDataset` raises a :class:`DataError` that names the file and says to replace or remove it;
+the run stops with that one line (exit code 2), also from DataLoader worker processes. Bad images are never
+skipped silently: a skipped image would change the episode bank and the class sizes without notice.
+:func:`find_unreadable_images` checks a whole split ahead of a long run.
 """
 
 from __future__ import annotations
@@ -73,15 +81,34 @@ class FileImageDataset(Dataset):
 
     def __getitem__(self, index: int):
         path = self.paths[index]
-        try:
-            with Image.open(path) as handle:
-                image = handle.convert(self.mode)
-        except OSError as exc:
-            raise DataError(f"cannot read image {path}: {exc}. Replace or remove the file") from exc
+        image = decode_image(path, self.mode)
         if self.transform is not None:
             image = self.transform(image)
         label = int(self.labels[index])
         return (image, label, index) if self.with_index else (image, label)
+
+
+def decode_image(path: Path, mode: str = "RGB") -> Image.Image:
+    """Decode one image file in ``mode``; any failure is a :class:`DataError` naming the file."""
+    try:
+        with Image.open(path) as handle:
+            return handle.convert(mode)
+    except Exception as exc:  # OSError, UnidentifiedImageError, DecompressionBombError, SyntaxError, ValueError, ...
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise DataError(f"cannot read image {path}: {reason}. The file is corrupt or not an image: replace it "
+                        "with a good copy or remove it from the dataset") from exc
+
+
+def find_unreadable_images(split: ImageSplit) -> list[Path]:
+    """Files of ``split`` that fail to decode (empty for in-memory splits); reads every image once."""
+    bad = []
+    for path in split.paths or []:
+        try:
+            with Image.open(path) as handle:
+                handle.load()
+        except Exception:
+            bad.append(path)
+    return bad
 
 
 class TensorImageDataset(Dataset):

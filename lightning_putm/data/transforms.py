@@ -8,6 +8,7 @@ the centre crop (file images) or only resizes when needed (in-memory images alre
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import torch
@@ -22,10 +23,31 @@ def _to_float_tensor(from_files: bool) -> list[Callable]:
     return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True)] if from_files else []
 
 
+def _flag(augment: dict[str, Any], key: str) -> bool:
+    value = augment.get(key) or False
+    if not isinstance(value, bool):
+        raise ConfigError(f"data.augment.{key} must be true or false, got {value!r}")
+    return value
+
+
+def _amount(augment: dict[str, Any], key: str, integer: bool) -> float:
+    value = augment.get(key) or 0
+    kinds = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value) or value < 0:
+        raise ConfigError(f"data.augment.{key} must be {'an integer' if integer else 'a number'} >= 0, got {value!r}")
+    return value
+
+
 def _normalise(normalize: dict[str, Any] | None, channels: int) -> list[Callable]:
     if not normalize:
         return []
-    mean, std = list(normalize["mean"]), list(normalize["std"])
+    try:
+        mean, std = [float(m) for m in normalize["mean"]], [float(s) for s in normalize["std"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"data.normalize needs `mean` and `std` lists of numbers (e.g. mean: [0.485, 0.456, 0.406]), "
+                          f"got {normalize!r}") from exc
+    if not all(math.isfinite(v) for v in mean + std) or any(v <= 0 for v in std):
+        raise ConfigError(f"data.normalize: mean must be finite and std finite and > 0, got mean={mean} std={std}")
     if len(mean) != channels or len(std) != channels:
         raise ConfigError(f"data.normalize needs {channels} mean and std value(s) for {channels}-channel images, "
                           f"got mean={mean} std={std}")
@@ -39,17 +61,17 @@ def train_transform(image_size: int, channels: int, augment: dict[str, Any], nor
     if unknown:
         raise ConfigError(f"unknown data.augment key(s) {sorted(unknown)}; valid: {sorted(AUGMENT_KEYS)}")
     ops: list[Callable] = _to_float_tensor(from_files)
-    if augment.get("random_resized_crop"):
+    if _flag(augment, "random_resized_crop"):
         ops.append(v2.RandomResizedCrop(image_size, antialias=True))
     else:
         ops.append(v2.Resize((image_size, image_size), antialias=True))
-        padding = int(augment.get("crop_padding") or 0)
+        padding = int(_amount(augment, "crop_padding", integer=True))
         if padding > 0:
             ops.append(v2.RandomCrop(image_size, padding=padding))
-    jitter = float(augment.get("color_jitter") or 0.0)
+    jitter = float(_amount(augment, "color_jitter", integer=False))
     if jitter > 0:
         ops.append(v2.ColorJitter(brightness=jitter, contrast=jitter, saturation=jitter if channels == 3 else 0.0))
-    if augment.get("horizontal_flip"):
+    if _flag(augment, "horizontal_flip"):
         ops.append(v2.RandomHorizontalFlip())
     return v2.Compose(ops + _normalise(normalize, channels))
 

@@ -109,8 +109,10 @@ def build_method(name: str, params: dict[str, Any] | None = None, **context: Any
         raise ConfigError(f"unknown method {name!r}; available methods: {', '.join(available_methods())}")
     try:
         return METHOD_REGISTRY[name](dict(params or {}), context)
-    except TypeError as exc:
-        raise ConfigError(f"method {name!r}: {exc}") from exc
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"method {name!r}: {exc}; check the method.{name}.* values") from exc
 
 
 __all__ = ["FewShotMethod", "PUTM", "SimpleShot", "ProtoNet", "PTMAP", "TIMGD", "AlphaTIM", "BDCSPN",

@@ -1,0 +1,1 @@
+"""Helpers of the reliability tests (bad input, interruptions, untrusted files, determinism)."""
