@@ -34,9 +34,9 @@ FLOPs (counted analytically per task; only useful work, none of the zero-padding
     per task:        (EM + 1) · (inner · step + E-step extra) + preprocessing (QR 4·n·d·m, power 20·n·d)
 With the defaults: ≈ 34 MFLOP per Adam step, ≈ 52 GFLOP per task (DESIGN §3 quotes ≈ 60 TFLOP per 1000 tasks).
 
-Device peak (the "% peak" column): ``--peak-gflops`` if given; on CPU, the best of a few large matrix
-products in the benchmark's compute type, measured at start-up (so the share is relative to what BLAS can
-do on this machine now, load included); on CUDA, NVIDIA's dense datasheet peak for the device's name (H100,
+Device peak (the "% peak" column): ``--peak-gflops`` if given; on CPU, the best rate of a few 2048² matrix
+products in the benchmark's compute type on one thread, times the thread count, measured at start-up (what
+BLAS can do on this machine; a busy machine lowers it); on CUDA, NVIDIA's dense datasheet peak for the device's name (H100,
 H200, A100, L40S, ...) in fp32, tf32 or bf16, or a measured large product when the name is unknown.
 """
 
@@ -99,7 +99,18 @@ def flops_per_task(ways: int, shots: int, queries: int, dim: int, hidden: tuple[
 
 
 def measured_peak_gflops(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """Best rate of a few ``size``² matrix products on ``device`` (a practical peak, not the datasheet's)."""
+    """Best rate of a few ``size``² matrix products on ``device`` (a practical peak, not the datasheet's).
+
+    On CPU: one thread's best rate times the thread count, which a busy machine disturbs less than a
+    measurement with all threads at once.
+    """
+    if device.type == "cpu" and torch.get_num_threads() > 1:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return threads * measured_peak_gflops(device, dtype, size, repeats)
+        finally:
+            torch.set_num_threads(threads)
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     best = float("inf")
@@ -123,7 +134,8 @@ def device_peak_gflops(device: torch.device, precision: str) -> tuple[float, str
             if entry[0] in name:
                 return 1000 * entry[column], f"datasheet {entry[0]} {precision}"
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    return measured_peak_gflops(device, dtype), f"measured {dtype} matmul"
+    threads = f", {torch.get_num_threads()} threads x 1-thread rate" if device.type == "cpu" else ""
+    return measured_peak_gflops(device, dtype), f"measured {str(dtype).replace('torch.', '')} matmul{threads}"
 
 
 def bank_slice(bank, start: int, stop: int):
@@ -139,6 +151,8 @@ def solver_options(args: argparse.Namespace) -> dict:
         options["early_stop_tol"] = args.early_stop_tol
     if args.max_chunk_tasks is not None:
         options["max_chunk_tasks"] = args.max_chunk_tasks
+    if args.cpu_workers is not None:
+        options["cpu_workers"] = args.cpu_workers
     return options
 
 
@@ -205,7 +219,7 @@ def run_worker(args: argparse.Namespace, size: int, implementation: str) -> dict
                "--em-steps", str(args.em_steps), "--precision", args.precision, "--solver", args.solver,
                "--stream-tasks", str(args.stream_tasks), "--threads", str(args.threads)]
     for flag, value in (("--early-stop-tol", args.early_stop_tol), ("--max-chunk-tasks", args.max_chunk_tasks),
-                        ("--reference", args.reference)):
+                        ("--cpu-workers", args.cpu_workers), ("--reference", args.reference)):
         if value is not None:
             command += [flag, str(value)]
     if args.balanced:
@@ -237,6 +251,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--solver", default="fused", choices=["fused", "autograd"])
     parser.add_argument("--early-stop-tol", type=float, default=None)
     parser.add_argument("--max-chunk-tasks", type=int, default=None, help="PUTM chunk cap (default: automatic)")
+    parser.add_argument("--cpu-workers", type=int, default=None, help="PUTM CPU workers (default: torch threads)")
     parser.add_argument("--memory-budget-mb", type=float, default=2048.0)
     parser.add_argument("--stream-tasks", type=int, default=1000, help="tasks gathered and solved at a time")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads in the workers (0 = default)")

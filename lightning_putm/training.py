@@ -39,6 +39,10 @@ RESERVED_TRAINER_ARGS = {
 }
 
 
+#: Sanity limit of trainer.devices / trainer.num_nodes (Lightning allocates per-device lists up front).
+MAX_DEVICES = 4096
+
+
 # --------------------------------------------------------------------------------------------- config
 def peel_override(overrides: list[str], key: str) -> tuple[str | None, list[str]]:
     """Remove every ``key=value`` from ``overrides``; return the last value (or None) and the rest."""
@@ -93,6 +97,11 @@ def apply_trainer_overrides(cfg: DictConfig, overrides: Sequence[str], reserved:
                               f"{', '.join(sorted(valid - set(reserved)))}")
         OmegaConf.update(cfg, key, parse_value(key, raw), merge=False, force_add=True)
     check_resolvable(cfg)
+    for name in ("devices", "num_nodes"):  # Lightning builds a list of that many devices: 10**9 exhausts memory
+        count = OmegaConf.select(cfg, f"trainer.{name}")
+        if isinstance(count, int) and not isinstance(count, bool) and count > MAX_DEVICES:
+            raise ConfigError(f"trainer.{name}={count} is more than any machine or cluster here has (at most "
+                              f"{MAX_DEVICES}); give the number of GPUs/processes you want, e.g. trainer.{name}=2")
     return cfg
 
 
@@ -165,6 +174,26 @@ def _mapping(value: Any, key: str) -> dict[str, Any]:
     return to_container(value)
 
 
+def _check_backbone_options(options: dict[str, Any], name: str) -> None:
+    """Each ``backbone.<key>`` must have the kind of its default in ``conf/backbone/<name>.yaml``: counts and sizes
+    positive integers (``backbone.width=0`` would build a network that divides by zero), rates numbers in [0, 1)."""
+    defaults = load_group("backbone", name)
+    for key, value in options.items():
+        default, where = defaults.get(key), f"backbone.{key}"
+        if isinstance(default, bool):
+            _flag(value, where)
+        elif isinstance(default, int):
+            _positive(value, where, integer=True)
+        elif isinstance(default, float):
+            if _number(value, where) >= 1.0:
+                raise ConfigError(f"`{where}` must be a rate in [0, 1), got {value!r}")
+        elif isinstance(default, ListConfig):
+            if not isinstance(value, list) or not value:
+                raise ConfigError(f"`{where}` must be a list like {list(default)}, got {value!r}")
+            for item in value:
+                _positive(item, where, integer=True)
+
+
 def _episodes(cfg: DictConfig, key: str) -> EpisodeSettings:
     node = cfg[key]
     alpha = node.alpha
@@ -207,6 +236,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
                           f"e.g. mix_layers=[0,1,2,3]; got {cfg.mix_layers!r}")
     mix_layers = [int(m) for m in mix_layers]
     backbone_options = {k: v for k, v in to_container(cfg.backbone).items() if k != "name"}
+    _check_backbone_options(backbone_options, str(cfg.backbone.name))
     trainer = {k: v for k, v in to_container(cfg.trainer).items() if k != "max_epochs"}
     return TrainSettings(
         dataset=str(cfg.data.name),

@@ -185,3 +185,24 @@ def test_cpu_chunks_are_capped_for_cache_and_the_cap_is_configurable():
     assert default.chunk_size(gathered.batch) == CPU_MAX_CHUNK_TASKS
     assert PUTM(shots=1, balanced=False, memory_budget_mb=1e6, max_chunk_tasks=5).chunk_size(gathered.batch) == 5
     assert PUTM(shots=1, balanced=False, memory_budget_mb=0.5, max_chunk_tasks=1000).chunk_size(gathered.batch) < 5
+
+
+def test_cpu_workers_give_the_results_of_one_thread_and_restore_the_thread_count():
+    gathered = make_tasks(tasks=7)
+    sequential = PUTM(shots=1, balanced=False, cpu_workers=1, **FAST).predict(gathered.batch)
+    counted: list[int] = []
+    workers = PUTM(shots=1, balanced=False, cpu_workers=3, max_chunk_tasks=4, **FAST)
+    assert torch.equal(workers.predict(gathered.batch, on_chunk=counted.append), sequential)
+    assert counted == [4, 3] and workers.num_chunks(gathered.batch) == 2
+    assert torch.get_num_threads() == 1
+    last = PUTM(shots=1, balanced=False, **FAST)
+    last.predict(gathered.batch.slice(6, 7))  # the last part: chunk [4, 7) shared by 3 workers ends with [6, 7)
+    assert torch.equal(workers.last_state["rows"], last.last_state["rows"])
+    torch.set_num_threads(2)
+    try:
+        default = PUTM(shots=1, balanced=False, **FAST)  # two threads -> two workers, one kernel thread each
+        assert default.cpu_workers(torch.device("cpu")) == 2
+        assert torch.equal(default.predict(gathered.batch), sequential)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)

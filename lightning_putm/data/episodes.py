@@ -46,6 +46,9 @@ def round_counts_to_total(expected: np.ndarray, total: int) -> np.ndarray:
 def dirichlet_query_counts(rng: np.random.Generator, alpha: float, ways: int, total: int) -> np.ndarray:
     """Per-class query counts: proportions ``p ~ Dir(α·1_N)`` times ``total``, rounded to sum to ``total``."""
     proportions = rng.dirichlet(np.full(ways, float(alpha)))
+    if not np.all(np.isfinite(proportions)) or abs(float(proportions.sum()) - 1.0) > 1e-6:
+        raise ConfigError(f"Dirichlet alpha={alpha:g} is too large to sample proportions from (they overflow); "
+                          "use `balanced` for equal class proportions (the limit of a large alpha)")
     return round_counts_to_total(proportions * total, total)
 
 
@@ -147,17 +150,19 @@ def sample_episode_bank(
     rng = np.random.default_rng(
         bank_seed(seed, ways=ways, shots=shots, queries=queries, alpha=alpha, tasks=tasks, classes=int(len(present)))
     )
+    available = int(sizes[present].sum())
+    if ways * shots + queries > available:  # no task can exist: fail now, before allocating [tasks, queries] arrays
+        _draw_counts(rng, rng.choice(present, size=ways, replace=False), sizes, ways, shots, queries, alpha,
+                     max_redraws, name)  # raises the usual error naming a class
+        raise DataError(f"a task needs ways*shots + queries = {ways * shots + queries} distinct images but the split "
+                        f"has only {available}; lower `shots` or `queries`")
     try:
         class_ids = np.empty((tasks, ways), dtype=np.int64)
         support = np.empty((tasks, ways * shots), dtype=np.int64)
         query = np.empty((tasks, queries), dtype=np.int64)
         query_labels = np.empty((tasks, queries), dtype=np.int64)
         counts_all = np.empty((tasks, ways), dtype=np.int64)
-    except (MemoryError, ValueError) as exc:  # e.g. queries=10**12 or tasks=10**15: no array that large
-        available = int(sizes[present].sum())
-        if ways * shots + queries > available:
-            raise DataError(f"a task needs ways*shots + queries = {ways}*{shots} + {queries} = {ways * shots + queries} "
-                            f"distinct images but the split has only {available}; lower `shots` or `queries`") from exc
+    except (MemoryError, ValueError) as exc:  # e.g. tasks=10**15: no array that large
         raise ConfigError(f"tasks={tasks} of {ways * shots} support + {queries} query images do not fit in memory "
                           f"({exc}); lower `tasks`") from exc
     for t in range(tasks):

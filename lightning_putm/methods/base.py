@@ -61,7 +61,8 @@ class FewShotMethod(ABC):
 
     def chunk_size(self, tasks: TaskBatch) -> int:
         budget = self.memory_budget_mb * 2**20
-        return max(1, min(tasks.num_tasks, int(budget // max(1, self.bytes_per_task(tasks)))))
+        fit = budget / max(1, self.bytes_per_task(tasks))  # may be inf for an absurd budget: then all tasks fit
+        return max(1, tasks.num_tasks if fit >= tasks.num_tasks else int(fit))
 
     @torch.no_grad()
     def check_input(self, tasks: TaskBatch) -> None:

@@ -36,14 +36,19 @@ and CT loss), or ``auto`` (default): bf16 where the hardware multiplies bf16 nat
 
 Optional ``early_stop_tol`` ends a task's EM loop once its prototypes stop moving; settled tasks get their
 final E-step and leave the batch, so results never depend on chunking.
+
+On CPU with several threads, each chunk is shared out among ``cpu_workers`` Python threads, each running
+single-threaded kernels (:meth:`PUTM.predict`): no OpenMP barrier per kernel, which on a busy machine cost up
+to 4x, and results that do not depend on the number of cores.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -88,6 +93,7 @@ class PUTMSettings:
     precision: str = "auto"
     early_stop_tol: float | None = None
     max_chunk_tasks: int | None = None
+    cpu_workers: int | None = None
 
 
 class Navigator:
@@ -457,6 +463,7 @@ class PUTM(FewShotMethod):
         precision: str = "auto",
         early_stop_tol: float | None = None,
         max_chunk_tasks: int | None = None,
+        cpu_workers: int | None = None,
         memory_budget_mb: float = 2048.0,
         show_progress: bool = False,
     ) -> None:
@@ -483,8 +490,9 @@ class PUTM(FewShotMethod):
             raise ConfigError(f"putm.beta must be positive, got {beta}")
         if early_stop_tol is not None and float(early_stop_tol) < 0:
             raise ConfigError(f"putm.early_stop_tol must be null (off) or >= 0, got {early_stop_tol}")
-        if max_chunk_tasks is not None and int(max_chunk_tasks) < 1:
-            raise ConfigError(f"putm.max_chunk_tasks must be null (automatic) or >= 1, got {max_chunk_tasks}")
+        for key, value in (("max_chunk_tasks", max_chunk_tasks), ("cpu_workers", cpu_workers)):
+            if value is not None and int(value) < 1:
+                raise ConfigError(f"putm.{key} must be null (automatic) or >= 1, got {value}")
         hidden = tuple(int(h) for h in hidden)
         if solver == "fused" and min(hidden, default=GEMM_MIN_WIDTH) < GEMM_MIN_WIDTH:
             raise ConfigError(f"putm.solver=fused needs hidden widths >= {GEMM_MIN_WIDTH}, got {list(hidden)}; "
@@ -497,6 +505,7 @@ class PUTM(FewShotMethod):
             canonical_query_order=bool(canonical_query_order), solver=solver, precision=precision,
             early_stop_tol=None if early_stop_tol is None else float(early_stop_tol),
             max_chunk_tasks=None if max_chunk_tasks is None else int(max_chunk_tasks),
+            cpu_workers=None if cpu_workers is None else int(cpu_workers),
         )
         self.last_state: dict[str, torch.Tensor] = {}
         #: The precision the last chunk actually ran in (``auto`` resolved for its device).
@@ -519,12 +528,62 @@ class PUTM(FewShotMethod):
         return 4 * floats
 
     def chunk_size(self, tasks: TaskBatch) -> int:
-        """Memory-budget chunk, capped at ``max_chunk_tasks`` (default :data:`CPU_MAX_CHUNK_TASKS` on CPU)."""
+        """Tasks per chunk: the memory budget's, capped at ``max_chunk_tasks`` (default on CPU:
+        :data:`CPU_MAX_CHUNK_TASKS` per worker). On CPU a chunk is shared out among the workers."""
         size = super().chunk_size(tasks)
         cap = self.settings.max_chunk_tasks
-        if cap is None and tasks.support.device.type == "cpu":
-            cap = CPU_MAX_CHUNK_TASKS
+        device = tasks.support.device
+        if cap is None and device.type == "cpu":
+            cap = CPU_MAX_CHUNK_TASKS * self.cpu_workers(device)
         return size if cap is None else max(1, min(size, cap))
+
+    def cpu_workers(self, device: torch.device) -> int:
+        """Concurrent chunk solvers: ``cpu_workers`` (default: torch's thread count) on CPU, else 1."""
+        if device.type != "cpu":
+            return 1
+        return self.settings.cpu_workers or torch.get_num_threads()
+
+    def predict(self, tasks: TaskBatch, on_chunk: Callable[[int], None] | None = None) -> torch.Tensor:
+        """Probabilities ``[T, Q, N]``; on CPU with several workers each chunk is split among worker threads.
+
+        Every worker solves its part of a chunk with single-threaded kernels (``torch.set_num_threads(1)``
+        for the duration of the call, restored after): no OpenMP barrier per kernel (on a busy 2-core
+        machine these made the solver 2–4x slower), and a task's result no longer depends on the number of
+        cores or workers. The parts of a chunk together stay within its memory budget. With one worker
+        this is the base class's sequential loop.
+        """
+        device = tasks.support.device
+        workers = self.cpu_workers(device)
+        if workers <= 1:
+            return super().predict(tasks, on_chunk)
+        self.check_input(tasks)
+        parts, chunk_ends = self.split_among_workers(tasks, workers)
+        threads = torch.get_num_threads()
+        self.last_precision = resolve_precision(self.settings.precision, device)
+        outputs: list[torch.Tensor] = []
+        try:
+            torch.set_num_threads(1)
+            with matmul_precision(self.last_precision, device), ThreadPoolExecutor(workers) as pool:
+                for index, (forward, state) in enumerate(pool.map(self.solve_chunk, parts)):
+                    outputs.append(forward)
+                    self.last_state = state
+                    if on_chunk is not None and index + 1 in chunk_ends:
+                        on_chunk(chunk_ends[index + 1])
+        finally:
+            torch.set_num_threads(threads)
+        return torch.cat(outputs)
+
+    def split_among_workers(self, tasks: TaskBatch, workers: int) -> tuple[list[TaskBatch], dict[int, int]]:
+        """Chunks split into ``workers`` near-equal parts; ``{parts so far: tasks of the chunk}`` at chunk ends."""
+        size = self.chunk_size(tasks)
+        parts: list[TaskBatch] = []
+        chunk_ends: dict[int, int] = {}
+        for start in range(0, tasks.num_tasks, size):
+            stop = min(start + size, tasks.num_tasks)
+            share = math.ceil((stop - start) / workers)
+            parts += [tasks.slice(first, min(first + share, stop)) for first in range(start, stop, share)]
+            chunk_ends[len(parts)] = stop - start
+        return parts, chunk_ends
 
     # ----------------------------------------------------------------------------------------------- solve
     def preprocess(self, tasks: TaskBatch) -> torch.Tensor:
@@ -536,20 +595,26 @@ class PUTM(FewShotMethod):
         return l2_normalise(r.transpose(1, 2))
 
     def solve(self, tasks: TaskBatch) -> torch.Tensor:
+        self.last_precision = resolve_precision(self.settings.precision, tasks.support.device)
+        with matmul_precision(self.last_precision, tasks.support.device):
+            forward, self.last_state = self.solve_chunk(tasks)
+        return forward
+
+    @torch.no_grad()
+    def solve_chunk(self, tasks: TaskBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Probabilities of one chunk and its inspection state; writes nothing to ``self`` (thread-safe)."""
         order = canonical_query_order(tasks.query) if self.settings.canonical_query_order else None
         if order is not None:
             tasks = TaskBatch(tasks.support, tasks.support_labels, tasks.query.gather(1, order.unsqueeze(2).expand_as(tasks.query)),
                               tasks.ways, tasks.task_seeds)
-        self.last_precision = resolve_precision(self.settings.precision, tasks.support.device)
-        with matmul_precision(self.last_precision, tasks.support.device):
-            forward = self._solve(tasks)
+        forward, state = self._solve(tasks)
         if order is not None:
             forward = torch.empty_like(forward).scatter_(1, order.unsqueeze(2).expand_as(forward), forward)
-            # rows of last_state are in canonical order: query_order[t, i] is the input index of query row i
-            self.last_state["query_order"] = order
-        return forward
+            # rows of the state are in canonical order: query_order[t, i] is the input index of query row i
+            state["query_order"] = order
+        return forward, state
 
-    def _solve(self, tasks: TaskBatch) -> torch.Tensor:
+    def _solve(self, tasks: TaskBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         s = self.settings
         with torch.no_grad():
             x = self.preprocess(tasks)
@@ -560,13 +625,13 @@ class PUTM(FewShotMethod):
         navigator = Navigator([x.shape[2], *s.hidden, 1], generators, s.init_tasks, x.device, x.dtype,
                               s.negative_slope, requires_grad=s.solver == "autograd")
         trainer_class = FusedTrainer if s.solver == "fused" else AutogradTrainer
-        compute_dtype = torch.bfloat16 if self.last_precision == "bf16" else torch.float32
-        trainer = trainer_class(navigator, s, compute_dtype)
+        precision = resolve_precision(s.precision, x.device)
+        trainer = trainer_class(navigator, s, torch.bfloat16 if precision == "bf16" else torch.float32)
         forward, prototypes, em_steps = self.em_loop(trainer, x, one_hot, prototypes, generators, tasks.ways)
-        # For inspection (plots): the last solved chunk, in the preprocessed space (support rows, then queries).
-        self.last_state = {"initial_prototypes": initial_prototypes, "prototypes": prototypes, "rows": x,
-                           "forward": forward, "em_steps": em_steps}
-        return forward
+        # For inspection (plots): the chunk, in the preprocessed space (support rows, then queries).
+        state = {"initial_prototypes": initial_prototypes, "prototypes": prototypes, "rows": x, "forward": forward,
+                 "em_steps": em_steps}
+        return forward, state
 
     def em_loop(self, trainer: FusedTrainer | AutogradTrainer, rows: torch.Tensor, one_hot: torch.Tensor,
                 prototypes: torch.Tensor, generators: list[torch.Generator],
@@ -591,7 +656,7 @@ class PUTM(FewShotMethod):
             prototypes_out[active[index]] = protos
 
         steps = range(s.em_steps)
-        if self.show_progress:
+        if self.show_progress and self.cpu_workers(rows.device) <= 1:
             steps = tqdm(steps, desc=f"putm EM ({total} tasks)", leave=False, disable=None)
         for step in steps:
             if s.reinit_navigator:
