@@ -54,7 +54,7 @@ def _save_png(figure: Figure, path: str | os.PathLike[str]) -> Path:
     # a unique name created by savefig itself, so the PNG gets the usual umask permissions (mkstemp gives 0600)
     tmp_name = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
     try:
-        figure.savefig(tmp_name, format="png", dpi=DPI)
+        figure.savefig(tmp_name, format="png", dpi=DPI, bbox_inches="tight")
         os.replace(tmp_name, target)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
@@ -177,7 +177,8 @@ def _accuracy_vs_alpha_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
     position = {alpha: float(i) for i, alpha in enumerate(alphas)}
     balanced_x = len(alphas) + 0.5 if alphas else 0.0
 
-    figure = _new_figure(1.0 + 4.2 * len(shots), 4.2)
+    width = 1.0 + 4.2 * len(shots)
+    figure = _new_figure(width, 4.2)
     axes = figure.subplots(1, len(shots), sharey=True, squeeze=False)[0]
     for ax, shot in zip(axes, shots):
         for method in methods:
@@ -192,7 +193,9 @@ def _accuracy_vs_alpha_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
                         gid=f"{ALPHA_LINE_GID}:{method}")
             for item in mine:
                 if item["alpha"] is None:
-                    container = ax.errorbar([balanced_x], [item["accuracy"]], yerr=[item["ci95"]], fmt="s",
+                    # spread the methods a little around the balanced position, so their CI bars stay readable
+                    spread = 0.08 * (methods.index(method) - (len(methods) - 1) / 2)
+                    container = ax.errorbar([balanced_x + spread], [item["accuracy"]], yerr=[item["ci95"]], fmt="s",
                                             markersize=5, capsize=4, color=colour[method])
                     container.lines[0].set_gid(f"{BALANCED_POINT_GID}:{method}")
         ticks = [position[a] for a in alphas]
@@ -210,7 +213,8 @@ def _accuracy_vs_alpha_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
         ax.grid(True, axis="y", alpha=0.3)
     axes[0].set_ylabel("accuracy (%)")
     handles = [Line2D([], [], color=colour[m], marker="o", markersize=5, label=m) for m in methods]
-    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(methods), 5), frameon=False)
+    columns = max(1, min(len(methods), int(width / 1.6)))  # about 1.6 inch per method name: nothing clipped
+    figure.legend(handles=handles, loc="outside lower center", ncols=columns, frameon=False)
     return figure
 
 
