@@ -232,6 +232,20 @@ def plot_accuracy_vs_alpha(rows: Sequence[Mapping[str, Any]], path: str | os.Pat
 # ------------------------------------------------------------------------------------ true vs estimated counts
 
 
+def _short_class_name(name: str, limit: int = 30) -> str:
+    """A tick label: dataset class names can be long paths (Omniglot's alphabet/character/rotation); keep the
+    last path parts that fit in ``limit`` characters."""
+    if len(name) <= limit:
+        return name
+    parts = name.replace("\\", "/").split("/")
+    kept = parts[-1]
+    for part in reversed(parts[:-1]):
+        if len(part) + 1 + len(kept) > limit:
+            break
+        kept = f"{part}/{kept}"
+    return kept if len(kept) <= limit else "…" + kept[-(limit - 1):]
+
+
 def _query_counts_figure(true_counts: Sequence[float], estimated_counts: Sequence[float],
                          class_names: Sequence[str] | None = None, title: str | None = None) -> Figure:
     """Build (without saving) the grouped-bar figure of true vs estimated per-class query counts."""
@@ -263,10 +277,13 @@ def _query_counts_figure(true_counts: Sequence[float], estimated_counts: Sequenc
                             label="PUTM estimate (Σ_j π_f(k|j))")
     ax.bar_label(true_bars, labels=[_format_number(v) for v in true], padding=2, fontsize=8)
     ax.bar_label(estimated_bars, labels=[f"{v:.1f}" for v in estimated], padding=2, fontsize=8)
-    ax.set_xticks(x, names)
+    short = [_short_class_name(name) for name in names]
+    long_names = max(len(name) for name in short) > 8
+    ax.set_xticks(x, short, rotation=30 if long_names else 0, ha="right" if long_names else "center",
+                  fontsize=8 if long_names else None)
     ax.set_ylabel("queries per class")
-    ax.set_ylim(0, max(float(true.max()), float(estimated.max()), 1.0) * 1.15)
-    ax.legend(frameon=False, loc="upper right")
+    ax.set_ylim(0, max(float(true.max()), float(estimated.max()), 1.0) * 1.35)  # headroom for the legend
+    ax.legend(frameon=False, loc="upper center", ncols=2, fontsize=8)
     ax.set_title(title or "class prior of the query set: true vs estimated")
     return figure
 

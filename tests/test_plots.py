@@ -215,3 +215,13 @@ def test_failed_save_keeps_previous_png_and_leaves_no_temporary(tmp_path: Path, 
         plot_query_counts([1, 3], [1.5, 2.5], path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["counts.png"]
+
+
+def test_long_class_names_are_shortened_to_their_last_path_parts_on_the_count_plot(tmp_path):
+    from lightning_putm.plots import _query_counts_figure
+
+    names = ["images_evaluation/Malayalam/character30/rot000", "images_evaluation/Syriac_(Serto)/character11/rot180",
+             "digit 5"]
+    figure = _query_counts_figure([2, 4, 5], [2.0, 4.0, 5.0], class_names=names)
+    labels = [tick.get_text() for tick in figure.axes[0].get_xticklabels()]
+    assert labels == ["Malayalam/character30/rot000", "character11/rot180", "digit 5"]
