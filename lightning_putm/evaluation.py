@@ -43,6 +43,11 @@ EVALUATION_TRAINER_ARGS = {
 }
 
 
+#: ``base_features=split:<name>``: the base-class features are that split of ``data``, extracted with the checkpoint.
+BASE_SPLIT_PREFIX = "split:"
+BASE_SPLITS = ("train", "val")
+
+
 @dataclass
 class EvaluationSettings:
     """Validated values of ``conf/evaluate.yaml``."""
@@ -225,6 +230,20 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     base_features = cfg.get("base_features")
     base_features = None if base_features in (None, "") else str(base_features)
     checkpoint = None if cfg.checkpoint in (None, "") else Path(str(cfg.checkpoint))
+    if base_features == "auto":  # CL2N from the checkpoint's base classes when a method needs them, else none
+        wanted = checkpoint is not None and any(method_uses_base_mean(m) for m in methods)
+        base_features = "split:train" if wanted and str(cfg.get("split", "test")) != "train" else None
+    if base_features is not None and base_features.startswith(BASE_SPLIT_PREFIX):
+        base_split = base_features[len(BASE_SPLIT_PREFIX):]
+        if checkpoint is None:
+            raise ConfigError(f"base_features={base_features} extracts a split with the checkpoint's backbone; "
+                              "give checkpoint=PATH too, or base_features=<feature file>")
+        if base_split == str(cfg.get("split", "test")):
+            raise ConfigError(f"base_features={base_features} is the evaluated split itself; CL2N subtracts the "
+                              "mean of the base classes: use base_features=split:train")
+        if base_split not in BASE_SPLITS:
+            raise ConfigError(f"base_features={base_features}: unknown split {base_split!r}; use split:train "
+                              "(the base classes the backbone was trained on) or split:val")
     if checkpoint is not None and features not in ("auto", "demo"):
         raise ConfigError(f"give either features=<file> or checkpoint=<ckpt>, not both (features={features}, "
                           f"checkpoint={checkpoint})")
@@ -291,7 +310,7 @@ def load_base_mean(settings: EvaluationSettings, dim: int, log: Callable[[str], 
         if users:
             log(f"notice: no base_features file given, so {', '.join(users)} cannot subtract the base-class "
                 "mean (CL2N) and use plain L2 normalisation (L2N) instead; pass base_features=<file> with "
-                "features of the base classes from the same backbone")
+                "features of the base classes from the same backbone (with checkpoint=: base_features=split:train)")
         return None
     base = load_features(settings.base_features, allow_pickle=settings.allow_pickle)
     base.check_finite(f"base features from {settings.base_features}")
@@ -462,9 +481,7 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
       images of ``data``'s ``split`` and the callback stores them in the cache.
     * ``features=<file>`` or the demo: the feature rows are replayed.
     """
-    from lightning_putm.data.datamodule import FewShotDataModule
-    from lightning_putm.data.transforms import eval_transform
-    from lightning_putm.extraction import FeatureCache, FeatureCacheKey, file_sha256, load_checkpoint_backbone
+    from lightning_putm.extraction import FeatureCache, load_checkpoint_backbone
     from lightning_putm.feature_modules import BackboneFeatures, FeatureRows, FeatureRowsDataModule
 
     if settings.checkpoint is None:
@@ -475,11 +492,38 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
     if not checkpoint.is_file():
         raise FeatureError(f"checkpoint not found: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
                            "train_backbone.py (e.g. checkpoints/digits/conv4/s2m2r/best.ckpt)")
-    data = cfg.data
     split = settings.split
+    datamodule, images, key = checkpoint_split(cfg, checkpoint, split)
+    if settings.base_features is not None and settings.base_features.startswith(BASE_SPLIT_PREFIX):
+        # from here on base_features names the cached file, which load_base_mean reads like any feature file
+        base_split = settings.base_features[len(BASE_SPLIT_PREFIX):]
+        settings.base_features = str(base_split_features(cfg, settings, base_split, log))
+    data = cfg.data
+    cache = FeatureCache(settings.feature_cache_dir, key)
+    images.metadata.update(source=f"{checkpoint} on {data.name}/{split}", checkpoint=str(checkpoint),
+                           checkpoint_sha256=key.checkpoint_sha256)
+    cached = None if settings.refresh_features else cache.load()
+    if cached is not None:
+        log(f"features: reusing the cache {cache.path} (refresh_features=true rebuilds it)")
+        return FeatureRows(), FeatureRowsDataModule(cached), None
+    backbone, hparams = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
+                                                 expected_backbone=settings.backbone)
+    log(f"features: extracting the {split} split of {data.name} ({len(images)} images) with the "
+        f"{hparams.get('backbone')} backbone of {checkpoint}")
+    return BackboneFeatures(backbone), datamodule, cache
+
+
+def checkpoint_split(cfg: DictConfig, checkpoint: Path, split: str) -> tuple[Any, Any, Any]:
+    """The datamodule whose test loop yields ``split`` of ``cfg.data`` (images in order, with their row index),
+    the split itself, and the feature-cache key of (checkpoint content, dataset, split, eval transform)."""
+    from lightning_putm.data.datamodule import FewShotDataModule
+    from lightning_putm.data.transforms import eval_transform
+    from lightning_putm.extraction import FeatureCacheKey, file_sha256
+
+    data = cfg.data
 
     class SplitDataModule(FewShotDataModule):
-        """The dataset's ``split`` as the test loop (images in order, with their row index)."""
+        """The dataset's ``split`` as the test loop."""
 
         def test_dataloader(self):  # type: ignore[override]
             return self._eval_loader(split)
@@ -501,19 +545,43 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
         options=json.dumps(to_container(data.options) if data.options else {}, sort_keys=True), split=split,
         transform=repr(transform),
     )
-    cache = FeatureCache(settings.feature_cache_dir, key)
-    images.metadata.update(source=f"{checkpoint} on {data.name}/{split}", checkpoint=str(checkpoint),
-                           checkpoint_sha256=key.checkpoint_sha256)
-    cached = None if settings.refresh_features else cache.load()
-    if cached is not None:
-        log(f"features: reusing the cache {cache.path} (refresh_features=true rebuilds it)")
-        return FeatureRows(), FeatureRowsDataModule(cached), None
-    backbone, hparams = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
-                                                 expected_backbone=settings.backbone)
-    log(f"features: extracting the {split} split of {data.name} ({len(images)} images) with the "
-        f"{hparams.get('backbone')} backbone of {checkpoint}")
-    return BackboneFeatures(backbone), datamodule, cache
+    return datamodule, images, key
 
+
+def base_split_features(cfg: DictConfig, settings: EvaluationSettings, split: str,
+                        log: Callable[[str], None] = print) -> Path:
+    """Features of the base classes (``split`` of ``cfg.data``) from the checkpoint's backbone, for CL2N.
+
+    SimpleShot (Wang et al. 2019) centres features on the mean of the base classes the backbone was trained on;
+    this extracts that split once (batched, in eval mode, with a progress bar) into the feature cache, under
+    the same key rules as the evaluated split, and returns the cache file.
+    """
+    from lightning_putm.extraction import FeatureCache, load_checkpoint_backbone
+    from lightning_putm.features import FeatureSet
+
+    checkpoint = settings.checkpoint
+    assert checkpoint is not None
+    datamodule, images, key = checkpoint_split(cfg, checkpoint, split)
+    cache = FeatureCache(settings.feature_cache_dir, key)
+    if not settings.refresh_features and cache.load() is not None:
+        log(f"base features: reusing the cache {cache.path}")
+        return cache.path
+    backbone, _ = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
+                                           expected_backbone=settings.backbone)
+    backbone = backbone.to(settings.device).eval()
+    log(f"base features: extracting the {split} split of {cfg.data.name} ({len(images)} images) for CL2N")
+    rows: list[torch.Tensor] = []
+    labels: list[torch.Tensor] = []
+    with torch.inference_mode():
+        for batch in tqdm(datamodule._eval_loader(split), desc=f"base features ({split})", unit="batch",
+                          disable=not settings.progress, dynamic_ncols=True):
+            rows.append(backbone(batch[0].to(settings.device)).float().cpu())
+            labels.append(batch[1].cpu())
+    metadata = {"source": f"{checkpoint} on {cfg.data.name}/{split}", "checkpoint": str(checkpoint),
+                "checkpoint_sha256": key.checkpoint_sha256}
+    feature_set = FeatureSet(torch.cat(rows).clone(), torch.cat(labels).clone(), list(images.class_names), metadata)
+    feature_set.check_finite(f"base features of {cfg.data.name}/{split} from {checkpoint}")
+    return cache.store(feature_set)
 
 def _data_int(data: DictConfig, key: str, low: int) -> int:
     value = data[key]

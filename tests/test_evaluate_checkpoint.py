@@ -23,7 +23,7 @@ from wandb_records import history, offline_run, table
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 FAST = ["methods=[putm,simpleshot]", "method.putm.em_steps=2", "method.putm.inner_steps=3", "progress=false",
-        "shots=[1]", "tasks=4", "data=digits"]
+        "shots=[1]", "tasks=4", "data=digits", "base_features=null"]  # the base split is tested on its own below
 
 
 def quiet(_: str) -> None:
@@ -129,6 +129,46 @@ def test_a_corrupt_cache_file_is_rebuilt(checkpoint, tmp_path):
         _, lines = evaluate(checkpoint, tmp_path, *args)
     assert any("extracting" in line for line in lines)
     assert torch.equal(load_features(cache_file).features, good)
+
+
+def test_base_features_from_the_checkpoints_train_split_give_cl2n(checkpoint, tmp_path):
+    """base_features=split:train extracts the base split once (cached) and SimpleShot centres on its mean."""
+    args = ["alphas=[2]", "logger=none", "plots=false", "methods=[simpleshot]", "tasks=20"]
+    results, lines = evaluate(checkpoint, tmp_path, *args, "base_features=split:train")
+    assert any("extracting the train split of digits" in line for line in lines)
+    [base_file] = list((tmp_path / "cache").glob("digits-train-*.pt"))
+    base = load_features(base_file)
+    assert base.class_names == [f"digit_{k}" for k in range(5)] and torch.isfinite(base.features).all()
+    assert any(f"base-class mean for CL2N: {len(base)} rows of {base_file}" in line for line in lines)
+    # the same numbers as passing that file by hand, and not those of plain L2N
+    by_file, _ = evaluate(checkpoint, tmp_path / "by_file", *args, f"base_features={base_file}")
+    plain, plain_lines = evaluate(checkpoint, tmp_path / "plain", *args)
+    assert any("notice: no base_features file given" in line for line in plain_lines)
+    assert results[0].accuracies.tolist() == by_file[0].accuracies.tolist()
+    assert results[0].accuracies.tolist() != plain[0].accuracies.tolist()
+    _, again = evaluate(checkpoint, tmp_path, *args, "base_features=split:train")
+    assert any("base features: reusing the cache" in line for line in again)
+    assert not any("extracting the train split" in line for line in again)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["base_features=split:train"], "give checkpoint=PATH too"),
+    (["CKPT", "base_features=split:test"], "is the evaluated split itself"),
+    (["CKPT", "base_features=split:novel"], "unknown split 'novel'"),
+])
+def test_base_split_errors(checkpoint, tmp_path, overrides, message):
+    argv = [str(o).replace("CKPT", f"checkpoint={checkpoint}") for o in overrides]
+    with pytest.raises(LightningPutmError, match=message):
+        run_evaluate([*FAST, *argv, f"output_dir={tmp_path}", "logger=none"], log=quiet)
+
+
+def test_base_features_auto_extracts_the_train_split_only_when_a_method_needs_it(checkpoint, tmp_path):
+    args = ["alphas=[2]", "logger=none", "plots=false", "tasks=2", "base_features=auto"]
+    _, lines = evaluate(checkpoint, tmp_path / "putm", *args, "methods=[putm]")
+    assert not any("train split" in line for line in lines)
+    _, lines = evaluate(checkpoint, tmp_path / "cl2n", *args, "methods=[putm,laplacianshot]")
+    assert any("extracting the train split of digits" in line for line in lines)
+    assert any("base-class mean for CL2N" in line for line in lines)
 
 
 def _bad_checkpoints(checkpoint: Path, folder: Path) -> dict[str, tuple[Path, str]]:
