@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from helpers.cli import run_in_process, run_script
-from helpers.ledger import Ledger, report
+from helpers.ledger import Ledger, isolated_working_folder, module_figures
 
 LEDGER = Ledger("run comparisons", verb="identical")
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -35,18 +34,8 @@ BASE = ["features=demo", "methods=[putm,simpleshot]", "method.putm.em_steps=2", 
         "plots=false"]
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    """W&B offline; any relative output path lands in tmp_path, never in the checkout."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.chdir(tmp_path)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _figures(request):
-    LEDGER.started = time.perf_counter()
-    yield
-    report(LEDGER, request, "test_determinism")
+_isolated = isolated_working_folder()
+_figures = module_figures(LEDGER, "test_determinism")
 
 
 def evaluate(out: Path, *extra: str) -> Path:

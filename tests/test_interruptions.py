@@ -30,7 +30,7 @@ import torch
 
 from helpers.cli import REPO
 from helpers.crash_writer import CACHE_KEY, payload, write_once
-from helpers.ledger import Ledger, report
+from helpers.ledger import Ledger, isolated_working_folder, module_figures
 from lightning_putm.checkpoints import read_checkpoint
 from lightning_putm.errors import LightningPutmError
 from lightning_putm.extraction import FeatureCache
@@ -44,20 +44,8 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS.paren
 PAYLOAD_MB = 24
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    """W&B offline; any relative output path lands in tmp_path, never in the checkout."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.chdir(tmp_path)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _figures(request):
-    LEDGER.started = time.perf_counter()
-    LEDGER.extra["bytes lost"] = 0
-    yield
-    report(LEDGER, request, "test_interruptions")
-    assert LEDGER.extra["bytes lost"] == 0
+_isolated = isolated_working_folder()
+_figures = module_figures(LEDGER, "test_interruptions", must_stay_zero=("bytes lost",))
 
 
 # ------------------------------------------------------------------------------------------- writes

@@ -22,7 +22,6 @@ import ast
 import os
 import pathlib
 import pickle
-import time
 import warnings
 from pathlib import Path
 from unittest import mock
@@ -32,7 +31,7 @@ import torch
 
 from conftest import make_clustered_features
 from helpers.cli import FAST_EVAL, FAST_TRAIN, REPO, run_in_process
-from helpers.ledger import Ledger, report
+from helpers.ledger import Ledger, isolated_working_folder, module_figures
 from lightning_putm.checkpoints import AtomicCheckpointIO, read_checkpoint
 from lightning_putm.errors import LightningPutmError
 from lightning_putm.extraction import FeatureCache, FeatureCacheKey
@@ -43,19 +42,8 @@ LEDGER = Ledger("untrusted files", verb="refused")
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch, tmp_path):
-    """W&B offline; any relative output path lands in tmp_path, never in the checkout."""
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.chdir(tmp_path)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _figures(request):
-    LEDGER.started = time.perf_counter()
-    LEDGER.extra["payloads executed"] = 0
-    yield
-    report(LEDGER, request, "test_untrusted_files")
+_isolated = isolated_working_folder()
+_figures = module_figures(LEDGER, "test_untrusted_files", must_stay_zero=("payloads executed",))
 
 
 # ------------------------------------------------------------------------------------------- payloads

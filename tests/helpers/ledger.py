@@ -10,6 +10,9 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
 
 
 @dataclass
@@ -71,3 +74,32 @@ def report(ledger: Ledger, request, module: str) -> None:
             handle.write(text + "\n")
     failures = ledger.failures()
     assert not failures, f"{len(failures)} not {ledger.verb}: {failures[:10]}"
+
+
+def isolated_working_folder() -> Callable[..., Any]:
+    """An autouse fixture for a reliability module: W&B offline, and the test's tmp_path as the working folder,
+    so any relative output path lands there and never in the checkout."""
+
+    @pytest.fixture(autouse=True)
+    def _isolated(monkeypatch, tmp_path):
+        monkeypatch.setenv("WANDB_MODE", "offline")
+        monkeypatch.chdir(tmp_path)
+
+    return _isolated
+
+
+def module_figures(ledger: Ledger, module: str, must_stay_zero: tuple[str, ...] = ()) -> Callable[..., Any]:
+    """A module-scoped autouse fixture that reports ``ledger``'s figures after the module's tests. Each figure in
+    ``must_stay_zero`` (e.g. "bytes lost") is reported even when 0, and fails the module if it is not 0."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def _figures(request):
+        ledger.started = time.perf_counter()
+        for key in must_stay_zero:
+            ledger.extra[key] = 0
+        yield
+        report(ledger, request, module)
+        nonzero = {key: ledger.extra[key] for key in must_stay_zero if ledger.extra[key] != 0}
+        assert not nonzero, f"{module}: {nonzero}"
+
+    return _figures
