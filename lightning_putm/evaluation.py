@@ -481,7 +481,7 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
       images of ``data``'s ``split`` and the callback stores them in the cache.
     * ``features=<file>`` or the demo: the feature rows are replayed.
     """
-    from lightning_putm.extraction import FeatureCache, load_checkpoint_backbone
+    from lightning_putm.extraction import FeatureCache, file_sha256, load_checkpoint_backbone
     from lightning_putm.feature_modules import BackboneFeatures, FeatureRows, FeatureRowsDataModule
 
     if settings.checkpoint is None:
@@ -493,11 +493,11 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
         raise FeatureError(f"checkpoint not found: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
                            "train_backbone.py (e.g. checkpoints/digits/conv4/s2m2r/best.ckpt)")
     split = settings.split
-    datamodule, images, key = checkpoint_split(cfg, checkpoint, split)
+    datamodule, images, key = checkpoint_split(cfg, file_sha256(checkpoint), split)  # hashed once per run
     if settings.base_features is not None and settings.base_features.startswith(BASE_SPLIT_PREFIX):
         # from here on base_features names the cached file, which load_base_mean reads like any feature file
         base_split = settings.base_features[len(BASE_SPLIT_PREFIX):]
-        settings.base_features = str(base_split_features(cfg, settings, base_split, log))
+        settings.base_features = str(base_split_features(cfg, settings, base_split, key.checkpoint_sha256, log))
     data = cfg.data
     cache = FeatureCache(settings.feature_cache_dir, key)
     images.metadata.update(source=f"{checkpoint} on {data.name}/{split}", checkpoint=str(checkpoint),
@@ -513,12 +513,12 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
     return BackboneFeatures(backbone), datamodule, cache
 
 
-def checkpoint_split(cfg: DictConfig, checkpoint: Path, split: str) -> tuple[Any, Any, Any]:
+def checkpoint_split(cfg: DictConfig, checkpoint_sha256: str, split: str) -> tuple[Any, Any, Any]:
     """The datamodule whose test loop yields ``split`` of ``cfg.data`` (images in order, with their row index),
     the split itself, and the feature-cache key of (checkpoint content, dataset, split, eval transform)."""
     from lightning_putm.data.datamodule import FewShotDataModule
     from lightning_putm.data.transforms import eval_transform
-    from lightning_putm.extraction import FeatureCacheKey, file_sha256
+    from lightning_putm.extraction import FeatureCacheKey
 
     data = cfg.data
 
@@ -540,7 +540,7 @@ def checkpoint_split(cfg: DictConfig, checkpoint: Path, split: str) -> tuple[Any
     transform = eval_transform(datamodule.image_size, datamodule.in_channels, datamodule.normalize,
                                from_files=not datamodule.info.in_memory, resize_factor=datamodule.eval_resize)
     key = FeatureCacheKey(
-        checkpoint_sha256=file_sha256(checkpoint), dataset=str(data.name),
+        checkpoint_sha256=checkpoint_sha256, dataset=str(data.name),
         root=str(Path(str(data.root)).expanduser().resolve()) if data.root else "",
         options=json.dumps(to_container(data.options) if data.options else {}, sort_keys=True), split=split,
         transform=repr(transform),
@@ -548,7 +548,7 @@ def checkpoint_split(cfg: DictConfig, checkpoint: Path, split: str) -> tuple[Any
     return datamodule, images, key
 
 
-def base_split_features(cfg: DictConfig, settings: EvaluationSettings, split: str,
+def base_split_features(cfg: DictConfig, settings: EvaluationSettings, split: str, checkpoint_sha256: str,
                         log: Callable[[str], None] = print) -> Path:
     """Features of the base classes (``split`` of ``cfg.data``) from the checkpoint's backbone, for CL2N.
 
@@ -561,7 +561,7 @@ def base_split_features(cfg: DictConfig, settings: EvaluationSettings, split: st
 
     checkpoint = settings.checkpoint
     assert checkpoint is not None
-    datamodule, images, key = checkpoint_split(cfg, checkpoint, split)
+    datamodule, images, key = checkpoint_split(cfg, checkpoint_sha256, split)
     cache = FeatureCache(settings.feature_cache_dir, key)
     if not settings.refresh_features and cache.load() is not None:
         log(f"base features: reusing the cache {cache.path}")
