@@ -13,7 +13,7 @@ Usage: python evaluate.py [key=value ...]   (defaults: conf/evaluate.yaml, conf/
 import sys
 
 from lightning_putm.cli import run_cli
-from lightning_putm.evaluation import run_evaluate
+from lightning_putm.jobs.evaluate import run_evaluate
 
 
 def main(argv: list[str]) -> None:

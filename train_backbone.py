@@ -11,7 +11,7 @@ Usage: python train_backbone.py [key=value ...]   (defaults: conf/train_backbone
 import sys
 
 from lightning_putm.cli import run_cli
-from lightning_putm.training import run_train_backbone
+from lightning_putm.jobs.train import run_train_backbone
 
 
 def main(argv: list[str]) -> None:

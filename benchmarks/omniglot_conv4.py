@@ -3,7 +3,7 @@
 
 Protocol (Vinyals et al. 2016; Snell et al. 2017; DESIGN §6): the 1200 training characters of the Vinyals split,
 each rotation 0/90/180/270° a class (4800 classes), 28×28 images. Pretraining runs through the library's own
-path (``lightning_putm.training.run_train_backbone``, the code behind ``train_backbone.py``), by default the
+path (``lightning_putm.jobs.train.run_train_backbone``, the code behind ``train_backbone.py``), by default the
 ``classifier`` stage: a cosine classifier over the 4800 classes, Adam lr 1e-3 with cosine decay. The rotation
 stages do not fit this protocol: rotated copies are separate classes here, so a rotation label would contradict
 the class label. Evaluation: the 423 test characters × 4 rotations (1692 classes), 1000 balanced tasks per
@@ -33,7 +33,7 @@ import torch  # noqa: E402
 from lightning_putm.data import FewShotDataModule, sample_episode_bank  # noqa: E402
 from lightning_putm.metrics import mean_and_ci95  # noqa: E402
 from lightning_putm.pretrain import load_backbone, ncm_task_accuracy  # noqa: E402
-from lightning_putm.training import run_train_backbone  # noqa: E402
+from lightning_putm.jobs.train import run_train_backbone  # noqa: E402
 
 SETTINGS = [(5, 1), (5, 5), (20, 1), (20, 5)]  # (ways, shots); 5-way 1-shot is the acceptance number
 

@@ -8,7 +8,7 @@ per batch into a few-shot evaluation (Tian et al., ICCV 2023, §5: accuracy over
 
 At the end of the epoch it assembles the split's feature table (gathered over processes, placed by row index),
 optionally stores it in the feature cache, runs every configured method over shots × α on one seeded episode
-bank per (shot, α) (DESIGN §2), and reports through the trainer's loggers: per (method, shot, α) the mean
+bank per (shot, α), and reports through the trainer's loggers: per (method, shot, α) the mean
 accuracy and 95% CI as metrics; with W&B also a ``wandb.Table`` of all results, a line plot of accuracy vs α
 per method and shot, and the figures of :mod:`lightning_putm.plots`. The summary and per-task CSVs, the
 effective config and the PNGs go to ``output_dir``.
@@ -18,25 +18,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import pytorch_lightning as pl
 import torch
+import yaml
 
-from lightning_putm.errors import FeatureError
+from lightning_putm.evaluation.records import Provenance
+from lightning_putm.evaluation.report import format_table, log_to_loggers, make_plots, write_report
+from lightning_putm.evaluation.runner import SettingResult, evaluate_features, shard_range
+from lightning_putm.evaluation.settings import EvaluationSettings
 from lightning_putm.extraction import FeatureCache
-from lightning_putm.features import FeatureSet
-
-if TYPE_CHECKING:
-    from lightning_putm.evaluation import EvaluationSettings
+from lightning_putm.feature_modules import FeatureCollector
 
 
-class FewShotEvaluationCallback(pl.Callback):
+class FewShotEvaluationCallback(FeatureCollector):
     """Run few-shot methods on the features produced by a test (or validation) loop and log the results."""
 
     def __init__(
         self,
-        settings: "EvaluationSettings",
+        settings: EvaluationSettings,
         *,
         every_n_val_epochs: int | None = None,
         feature_cache: FeatureCache | None = None,
@@ -57,18 +58,14 @@ class FewShotEvaluationCallback(pl.Callback):
         self.plot_task = plot_task
         self.run_at_test = run_at_test  # False during pretraining: Trainer.test there scores the test split by NCM
         self.say = log
-        self._outputs: list[dict[str, torch.Tensor]] = []
-        self.results: list[Any] = []  # SettingResult of the last evaluation
+        self.results: list[SettingResult] = []  # of the last evaluation
         self.paths: dict[str, Path] = {}  # files written by the last evaluation
 
     # ------------------------------------------------------------------------------------------- hooks
-    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._outputs = []
-
     def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                           batch_idx: int, dataloader_idx: int = 0) -> None:
         if self.run_at_test:
-            self._collect(outputs)
+            self.collect(outputs)
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.run_at_test:
@@ -80,13 +77,10 @@ class FewShotEvaluationCallback(pl.Callback):
         k = self.every_n_val_epochs
         return k is not None and not trainer.sanity_checking and (trainer.current_epoch + 1) % k == 0
 
-    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._outputs = []
-
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if self._val_epoch_due(trainer):
-            self._collect(outputs)
+            self.collect(outputs)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._val_epoch_due(trainer) and self._outputs:
@@ -95,39 +89,6 @@ class FewShotEvaluationCallback(pl.Callback):
         self._outputs = []
 
     # ------------------------------------------------------------------------------------------- steps
-    def _collect(self, outputs: Any) -> None:
-        if not isinstance(outputs, dict) or not {"features", "labels", "indices"} <= set(outputs):
-            raise TypeError("FewShotEvaluationCallback needs the loop's step to return a dict with 'features', "
-                            "'labels' and 'indices' (BackboneFeatures, FeatureRows and S2M2Module do)")
-        self._outputs.append({k: outputs[k].detach() for k in ("features", "labels", "indices")})
-
-    def assemble(self, trainer: pl.Trainer, pl_module: pl.LightningModule, split: str) -> FeatureSet:
-        """The split's feature table ``[n, d]`` from every process's batches, rows placed by dataset index."""
-        if not self._outputs:
-            raise FeatureError(f"the {split} loop produced no batches; check the data split and limit_{split}_batches")
-        indices = torch.cat([o["indices"] for o in self._outputs]).long()
-        labels = torch.cat([o["labels"] for o in self._outputs]).long()
-        features = torch.cat([o["features"] for o in self._outputs]).float()
-        if trainer.world_size > 1:  # DistributedSampler gives every rank the same number of rows
-            indices = pl_module.all_gather(indices).reshape(-1)
-            labels = pl_module.all_gather(labels).reshape(-1)
-            features = pl_module.all_gather(features).reshape(-1, features.shape[-1])
-        datamodule = trainer.datamodule
-        info = datamodule.split(split)
-        num_rows = len(info)
-        table = features.new_zeros((num_rows, features.shape[1]))
-        label_table = labels.new_full((num_rows,), -1)
-        table[indices] = features
-        label_table[indices] = labels
-        missing = int((label_table < 0).sum())
-        if missing:
-            raise FeatureError(f"{missing} of {num_rows} rows of the {split} split were not evaluated "
-                               f"(limit_{split}_batches?); few-shot evaluation needs every row")
-        metadata = dict(getattr(info, "metadata", {}) or {})
-        metadata.setdefault("source", f"{getattr(datamodule, 'dataset_name', 'features')}/{split}")
-        # clone: tensors made under inference mode cannot take part in autograd (PUTM's navigators)
-        return FeatureSet(table.cpu().clone(), label_table.cpu().clone(), list(info.class_names), metadata)
-
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, split: str, prefix: str,
                   output_dir: Path, cache: FeatureCache | None) -> None:
         # Lightning may run evaluation loops under inference mode; PUTM trains its navigators with autograd.
@@ -136,9 +97,6 @@ class FewShotEvaluationCallback(pl.Callback):
 
     def _evaluate_with_grad_allowed(self, trainer: pl.Trainer, pl_module: pl.LightningModule, split: str,
                                     prefix: str, output_dir: Path, cache: FeatureCache | None) -> None:
-        from lightning_putm.evaluation import evaluate_features, format_table, write_report
-        from lightning_putm.reporting import log_to_loggers, make_plots, summary_rows
-
         feature_set = self.assemble(trainer, pl_module, split)
         self._outputs = []
         rank_zero = trainer.is_global_zero
@@ -154,8 +112,6 @@ class FewShotEvaluationCallback(pl.Callback):
             device = pl_module.device
         settings = replace(self.settings, output_dir=output_dir, device=device)
         if trainer.world_size > 1:
-            from lightning_putm.evaluation import shard_range
-
             start, stop = shard_range(settings.tasks, trainer.global_rank, trainer.world_size)
             print(f"rank {trainer.global_rank} of {trainer.world_size}: solving tasks {start}-{stop - 1} of each bank",
                   flush=True)
@@ -164,20 +120,28 @@ class FewShotEvaluationCallback(pl.Callback):
                                     progress=settings.progress and rank_zero,
                                     should_stop=lambda: bool(getattr(trainer, "received_sigterm", False)))
         self.results = results
-        rows = summary_rows(results)
-        for row in rows:
-            key = f"{prefix}/{row['method']}/{row['shots']}shot/alpha_{row['alpha']}"
-            pl_module.log(f"{key}/acc", float(row["accuracy"]), rank_zero_only=True)
-            pl_module.log(f"{key}/ci95", float(row["ci95"]), rank_zero_only=True)
+        summaries = [r.summary() for r in results]
+        for summary in summaries:
+            key = f"{prefix}/{summary.method}/{summary.shots}shot/alpha_{summary.alpha_label}"
+            pl_module.log(f"{key}/acc", round(summary.accuracy, 4), rank_zero_only=True)
+            pl_module.log(f"{key}/ci95", round(summary.ci95, 4), rank_zero_only=True)
         if not rank_zero:
             return
-        self.paths = write_report(results, output_dir, self.config_yaml)
+        self.provenance = Provenance.of(settings.device)
+        self.paths = write_report(results, output_dir, self.config_yaml_with_provenance(results), self.provenance)
         figures = make_plots(results, feature_set, settings, output_dir / "plots", self.plot_task, say) if self.plots else {}
         self.paths.update({f"plot_{k}": v for k, v in figures.items()})
-        log_to_loggers(trainer.loggers, rows, figures, prefix)
-        say(format_table(rows))
+        log_to_loggers(trainer.loggers, summaries, figures, prefix)
+        say(format_table(summaries))
         if any(r.oracle_prior for r in results):
             say("WARNING: rows with oracle_prior=true were given the TRUE query counts of every task "
                 "(oracle_prior=true); they are not comparable with fair results")
         say("wrote " + ", ".join(str(p) for p in self.paths.values()))
 
+    def config_yaml_with_provenance(self, results: list[SettingResult]) -> str | None:
+        """The run's config followed by a ``provenance`` block: what besides the config changed the numbers."""
+        if self.config_yaml is None:
+            return None
+        precisions = {r.method: r.precision for r in results}
+        block = yaml.safe_dump({"provenance": {**self.provenance.as_dict(), "precision": precisions}}, sort_keys=False)
+        return self.config_yaml.rstrip("\n") + "\n" + block

@@ -1,20 +1,25 @@
 """Configuration: plain YAML in ``conf/`` merged with command-line ``key=value`` overrides (omegaconf).
 
 Strict by design: an unknown key is an error that lists the valid keys at that level, never silently
-ignored, so a typo in a sweep cannot quietly run the default.
+ignored, so a typo in a sweep cannot quietly run the default. ``trainer.<arg>=value`` overrides are checked
+against the signature of ``pytorch_lightning.Trainer`` and against the arguments a job sets itself.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lightning_putm.errors import ConfigError
+
+#: Sanity limit of trainer.devices / trainer.num_nodes (Lightning allocates per-device lists up front).
+MAX_DEVICES = 4096
 
 
 def conf_dir() -> Path:
@@ -116,3 +121,62 @@ def to_container(cfg: DictConfig | ListConfig) -> Any:
 
 def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def peel_override(overrides: list[str], key: str) -> tuple[str | None, list[str]]:
+    """Remove every ``key=value`` from ``overrides``; return the last value (or None) and the rest."""
+    value, rest = None, []
+    for text in overrides:
+        name, raw = split_override(text)
+        if name == key:
+            value = str(parse_value(name, raw))
+        else:
+            rest.append(text)
+    return value, rest
+
+
+def split_trainer_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``(trainer.* overrides, the rest)``."""
+    trainer = [o for o in overrides if split_override(o)[0].startswith("trainer.")]
+    return trainer, [o for o in overrides if o not in trainer]
+
+
+def trainer_arguments() -> set[str]:
+    """Names of ``pytorch_lightning.Trainer``'s arguments."""
+    import pytorch_lightning as pl  # heavy: only when a job is configured
+
+    return set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+
+
+def apply_trainer_overrides(cfg: DictConfig, overrides: Sequence[str], reserved: dict[str, str], job: str) -> DictConfig:
+    """Set ``trainer.<arg>=value`` overrides, checked against ``pl.Trainer``'s signature and the job's own args."""
+    valid = trainer_arguments()
+    for text in overrides:
+        key, raw = split_override(text)
+        name = key.split(".", 1)[1]
+        if name in reserved:
+            raise ConfigError(f"{key} is set by {job} itself: {reserved[name]}")
+        if "." in name or name not in valid:
+            raise ConfigError(f"unknown Trainer argument {key!r}; valid trainer.<name>: "
+                              f"{', '.join(sorted(valid - set(reserved)))}")
+        OmegaConf.update(cfg, key, parse_value(key, raw), merge=False, force_add=True)
+    check_resolvable(cfg)
+    for name in ("devices", "num_nodes"):  # Lightning builds a list of that many devices: 10**9 exhausts memory
+        count = OmegaConf.select(cfg, f"trainer.{name}")
+        if isinstance(count, int) and not isinstance(count, bool) and count > MAX_DEVICES:
+            raise ConfigError(f"trainer.{name}={count} is more than any machine or cluster here has (at most "
+                              f"{MAX_DEVICES}); give the number of GPUs/processes you want, e.g. trainer.{name}=2")
+    return cfg
+
+
+def build_trainer(options: dict[str, Any], **job_arguments: Any) -> Any:
+    """``pl.Trainer(**options, **job_arguments)``; a rejected option becomes one readable :class:`ConfigError`."""
+    import pytorch_lightning as pl
+    from lightning_fabric.utilities.exceptions import MisconfigurationException
+
+    kwargs = {**options, **job_arguments}
+    try:
+        return pl.Trainer(**kwargs)
+    except (TypeError, ValueError, ImportError, RuntimeError, MemoryError, MisconfigurationException) as exc:
+        # e.g. accelerator=gpu on a CPU machine, accelerator=tpu without torch_xla, devices=10**10
+        raise ConfigError(f"invalid trainer options {options}: {exc}") from exc

@@ -7,6 +7,8 @@ Lightning's. The test loop's only job is to produce the features of the evaluate
 * :class:`BackboneFeatures`: images → features of a pretrained backbone (eval mode, no gradients).
 * :class:`FeatureRows` with :class:`FeatureRowsDataModule`: replays an existing feature set (a feature file,
   the built-in demo, or a cache hit) through the same loop, so every source takes the same path.
+* :class:`FeatureCollector`: the callback that collects a loop's outputs and assembles the split's feature
+  table (over every process); the few-shot callback is one, and base-class features are extracted with one.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from lightning_putm.errors import FeatureError
+from lightning_putm.feature_table import scatter_rows
 from lightning_putm.features import FeatureSet
 from lightning_putm.models import Backbone
 
@@ -69,3 +73,55 @@ class FeatureRowsDataModule(pl.LightningDataModule):
         rows = self.feature_set
         dataset = TensorDataset(rows.features, rows.labels, torch.arange(len(rows)))
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
+
+
+class FeatureCollector(pl.Callback):
+    """Collects ``{features, labels, indices}`` of the test loop; :attr:`feature_set` is the assembled split
+    (``split`` names the datamodule's split that the test loop runs over)."""
+
+    def __init__(self, split: str = "test") -> None:
+        super().__init__()
+        self.split = split
+        self._outputs: list[dict[str, torch.Tensor]] = []
+        self.feature_set: FeatureSet | None = None
+
+    def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._outputs = []
+
+    def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._outputs = []
+
+    def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                          batch_idx: int, dataloader_idx: int = 0) -> None:
+        self.collect(outputs)
+
+    def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.feature_set = self.assemble(trainer, pl_module, self.split)
+        self._outputs = []
+
+    def collect(self, outputs: Any) -> None:
+        if not isinstance(outputs, dict) or not {"features", "labels", "indices"} <= set(outputs):
+            raise TypeError("the loop's step must return a dict with 'features', 'labels' and 'indices' to collect "
+                            "features (BackboneFeatures, FeatureRows and S2M2Module do)")
+        self._outputs.append({k: outputs[k].detach() for k in ("features", "labels", "indices")})
+
+    def assemble(self, trainer: pl.Trainer, pl_module: pl.LightningModule, split: str) -> FeatureSet:
+        """The split's feature table ``[n, d]`` from every process's batches, rows placed by dataset index."""
+        if not self._outputs:
+            raise FeatureError(f"the {split} loop produced no batches; check the data split and limit_{split}_batches")
+        indices = torch.cat([o["indices"] for o in self._outputs]).long()
+        labels = torch.cat([o["labels"] for o in self._outputs]).long()
+        features = torch.cat([o["features"] for o in self._outputs]).float()
+        datamodule = trainer.datamodule
+        info = datamodule.split(split)
+        num_rows = len(info)
+        gather = pl_module.all_gather if trainer.world_size > 1 else None  # DistributedSampler: equal shards
+        table, label_table, _ = scatter_rows(num_rows, indices, features, labels, all_gather=gather)
+        missing = int((label_table < 0).sum())
+        if missing:
+            raise FeatureError(f"{missing} of {num_rows} rows of the {split} split were not evaluated "
+                               f"(limit_{split}_batches?); few-shot evaluation needs every row")
+        metadata = dict(getattr(info, "metadata", {}) or {})
+        metadata.setdefault("source", f"{getattr(datamodule, 'dataset_name', 'features')}/{split}")
+        # clone: tensors made under inference mode cannot take part in autograd (PUTM's navigators)
+        return FeatureSet(table.cpu().clone(), label_table.cpu().clone(), list(info.class_names), metadata)

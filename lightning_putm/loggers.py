@@ -1,4 +1,4 @@
-"""Logger choice for evaluation: W&B (online or offline) or none, with start-up problems as clear errors.
+"""Logger choice for both jobs: W&B (online or offline) or none, with start-up problems as clear errors.
 
 Default ``logger=auto`` means W&B when the ``wandb`` package imports. Its mode comes from ``wandb.mode``, else
 ``$WANDB_MODE``; when neither is set and no W&B credentials are configured (``$WANDB_API_KEY`` or a netrc entry),
@@ -49,9 +49,13 @@ def resolve_wandb_mode(configured: str | None, log: Callable[[str], None] = prin
     return "offline"
 
 
-def build_evaluation_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: str,
-                            log: Callable[[str], None] = print) -> Any:
-    """A Lightning logger (or ``False``) for ``evaluate.py``."""
+def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: str,
+                 log: Callable[[str], None] = print, csv_name: str = "csv_logs") -> Any:
+    """A Lightning logger (or ``False``) for either job: ``auto`` (W&B when installed), ``wandb``, ``csv``, ``none``.
+
+    A W&B run is started at once, so a missing key or an unreachable server is a :class:`ConfigError` before any
+    work; ``options`` holds ``project``, ``entity``, ``name`` (default ``run_name``) and ``mode``.
+    """
     if kind not in LOGGERS:
         raise ConfigError(f"logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
     if kind == "auto":
@@ -62,7 +66,7 @@ def build_evaluation_logger(kind: str, save_dir: Path, options: dict[str, Any], 
     if kind == "csv":
         from pytorch_lightning.loggers import CSVLogger
 
-        return CSVLogger(save_dir=str(save_dir), name="csv_logs")
+        return CSVLogger(save_dir=str(save_dir), name=csv_name)
     if not wandb_available():
         raise ConfigError("logger=wandb but the wandb package cannot be imported; `pip install wandb` or use logger=none")
     from pytorch_lightning.loggers import WandbLogger
@@ -78,3 +82,9 @@ def build_evaluation_logger(kind: str, save_dir: Path, options: dict[str, Any], 
         raise ConfigError(f"W&B could not start a run ({type(exc).__name__}: {exc}). Log offline with "
                           "WANDB_MODE=offline (or wandb.mode=offline), run `wandb login`, or use logger=none") from exc
     return logger
+
+
+def finish_logger(logger: Any, rank_zero: bool = True) -> None:
+    """Close a W&B run (a run left open would swallow the next run's logs in this process)."""
+    if rank_zero and type(logger).__name__ == "WandbLogger":
+        logger.experiment.finish()

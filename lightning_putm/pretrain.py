@@ -1,6 +1,6 @@
 """S2M2 backbone pretraining as a LightningModule (Mangla et al., "Charting the Right Manifold", WACV 2020).
 
-Stages (DESIGN §5), all with Adam (lr 1e-3) on a backbone + cosine classifier + 4-way rotation head:
+Stages (Mangla et al. 2020, §3), all with Adam (lr 1e-3) on a backbone + cosine classifier + 4-way rotation head:
 
 * ``rotation``: every image of the batch in 4 rotations; loss ½·CE(class) + ½·CE(rotation) (Gidaris et al. 2018).
 * ``s2m2r``: manifold mixup (Verma et al. 2019) with λ ~ Beta(α, α), α = 2, at a point drawn uniformly from
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from lightning_putm.checkpoints import read_checkpoint
 from lightning_putm.data.episodes import EpisodeBank, bank_seed
 from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.feature_table import scatter_rows
 from lightning_putm.metrics import mean_and_ci95
 from lightning_putm.models import Backbone, CosineClassifier, Mixup, RotationHead, build_backbone, rotate_batch
 
@@ -197,13 +198,8 @@ class S2M2Module(pl.LightningModule):
         """All processes' features placed at their dataset rows: ``[n, d]`` and a ``[n]`` coverage mask."""
         indices = torch.cat([i for i, _ in self._eval_outputs]).to(self.device)
         features = torch.cat([f for _, f in self._eval_outputs])
-        if self.trainer.world_size > 1:
-            indices = self.all_gather(indices).reshape(-1)
-            features = self.all_gather(features).reshape(-1, features.shape[-1])
-        table = features.new_zeros((num_rows, features.shape[1]))
-        seen = torch.zeros(num_rows, dtype=torch.bool, device=features.device)
-        table[indices] = features
-        seen[indices] = True
+        gather = self.all_gather if self.trainer.world_size > 1 else None
+        table, _, seen = scatter_rows(num_rows, indices, features, all_gather=gather)
         return table, seen
 
     def _score(self, split: str) -> None:

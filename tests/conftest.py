@@ -41,7 +41,7 @@ def single_thread():
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     """A Conv-4 of width 8 trained for one epoch (classifier stage) on the base digits: a real checkpoint in seconds."""
-    from lightning_putm.training import run_train_backbone
+    from lightning_putm.jobs.train import run_train_backbone
 
     folder = tmp_path_factory.mktemp("tiny_checkpoint")
     threads = torch.get_num_threads()

@@ -35,7 +35,7 @@ from lightning_putm.checkpoints import read_checkpoint
 from lightning_putm.errors import LightningPutmError
 from lightning_putm.extraction import FeatureCache
 from lightning_putm.features import STALE_TEMP_SECONDS, load_features
-from lightning_putm.training import run_train_backbone
+from lightning_putm.jobs.train import run_train_backbone
 
 LEDGER = Ledger("interruptions", verb="recovered")
 HELPERS = Path(__file__).resolve().parent / "helpers"

@@ -8,10 +8,11 @@ import csv
 import pytest
 import torch
 
-from lightning_putm import evaluation
+from lightning_putm.evaluation import runner as evaluation
 from lightning_putm.errors import ConfigError
-from lightning_putm.evaluation import (evaluate_features, format_table, load_evaluate_config, run_evaluate,
-                                       settings_from_config, write_report)
+from lightning_putm.evaluation import (evaluate_features, format_table, load_evaluate_config, settings_from_config,
+                                       write_report)
+from lightning_putm.jobs.evaluate import run_evaluate
 from lightning_putm.features import FeatureSet
 from lightning_putm.methods import build_method
 from lightning_putm.methods.ptmap import PTMAP
@@ -107,7 +108,7 @@ def test_evaluation_marks_oracle_results(tmp_path, monkeypatch, switch: bool) ->
         assert torch.equal(received["ptmap"], results[1].bank.query_counts)
     else:
         assert received["ptmap"] is None
-    flags = {r.method: r.summary()["oracle_prior"] for r in results}
+    flags = {r.method: r.summary().csv_row()["oracle_prior"] for r in results}
     assert flags == {"simpleshot": "false", "ptmap": "true" if switch else "false"}
 
     paths = write_report(results, tmp_path)

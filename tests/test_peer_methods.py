@@ -324,7 +324,7 @@ def test_every_hyper_parameter_is_overridable_and_unknown_keys_fail() -> None:
 
 
 def test_base_features_notice_once_and_mean_used(tmp_path, monkeypatch) -> None:
-    from lightning_putm import evaluation
+    from lightning_putm.evaluation import runner as evaluation
     from lightning_putm.evaluation import evaluate_features, load_evaluate_config, settings_from_config
 
     g = torch.Generator().manual_seed(0)

@@ -1,4 +1,4 @@
-"""Report figures (lightning_putm.plots): valid non-blank PNGs, the right artists, clear errors, atomic writes."""
+"""Report figures (lightning_putm.evaluation.plots): valid non-blank PNGs, the right artists, clear errors, atomic writes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_putm.plots import (
+from lightning_putm.evaluation.plots import (
     ALPHA_LINE_GID,
     BALANCED_POINT_GID,
     _accuracy_vs_alpha_figure,
@@ -218,7 +218,7 @@ def test_failed_save_keeps_previous_png_and_leaves_no_temporary(tmp_path: Path, 
 
 
 def test_long_class_names_are_shortened_to_their_last_path_parts_on_the_count_plot(tmp_path):
-    from lightning_putm.plots import _query_counts_figure
+    from lightning_putm.evaluation.plots import _query_counts_figure
 
     names = ["images_evaluation/Malayalam/character30/rot000", "images_evaluation/Syriac_(Serto)/character11/rot180",
              "digit 5"]

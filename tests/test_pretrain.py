@@ -22,7 +22,7 @@ from lightning_putm.data import FewShotDataModule, sample_episode_bank
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.models import Mixup
 from lightning_putm.pretrain import STAGES, S2M2Module, init_from_checkpoint, load_backbone, ncm_task_accuracy
-from lightning_putm.training import load_train_config, run_train_backbone, settings_from_config
+from lightning_putm.jobs.train import load_train_config, run_train_backbone, settings_from_config
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logger=none", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",

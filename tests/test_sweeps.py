@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from conftest import REPO_ROOT
-from lightning_putm.evaluation import load_evaluate_config, run_evaluate, settings_from_config
+from lightning_putm.evaluation import load_evaluate_config, settings_from_config
+from lightning_putm.jobs.evaluate import run_evaluate
 
 SWEEPS = sorted((REPO_ROOT / "conf" / "sweep").glob("*.yaml"))
 FAST = ["method.putm.em_steps=2", "method.putm.inner_steps=3", "tasks=2", "logger=none", "progress=false",

@@ -7,7 +7,7 @@ Lightning import. Work stays on the device of the input tensors.
 Large batches are split into chunks so that the method's working memory stays under
 ``memory_budget_mb``; every task is solved independently, so chunking never changes a result.
 
-Oracle prior (DESIGN §2): a method that needs the class marginal (``uses_class_prior = True``, e.g. PT-MAP)
+Oracle prior: a method that needs the class marginal (``uses_class_prior = True``, e.g. PT-MAP)
 uses the uniform one. Only when the user sets the explicit, default-off ``oracle_prior`` switch does the
 evaluation pass the true per-task query counts ``[T, N]`` as ``query_counts``; :meth:`predict` then hands
 each chunk its rows as ``solve(chunk, class_counts=...)`` and :attr:`oracle_prior` is true, so every such
@@ -22,6 +22,7 @@ from typing import Callable, ClassVar
 
 import torch
 
+from lightning_putm.errors import FeatureError
 from lightning_putm.tasks import TaskBatch
 
 
@@ -50,6 +51,12 @@ class FewShotMethod(ABC):
         """Whether results of this instance used the true query counts (must be labelled as such)."""
         return self.oracle_counts is not None
 
+    @property
+    def resolved_precision(self) -> str:
+        """The precision the last :meth:`predict` computed in, for provenance: ``last_precision`` where a method
+        chooses it at run time (PUTM's ``precision=auto``), else float32 (``fp32``)."""
+        return getattr(self, "last_precision", None) or "fp32"
+
     @abstractmethod
     def solve(self, tasks: TaskBatch) -> torch.Tensor:
         """Class probabilities ``[T, Q, N]`` for one chunk of tasks."""
@@ -67,8 +74,6 @@ class FewShotMethod(ABC):
     @torch.no_grad()
     def check_input(self, tasks: TaskBatch) -> None:
         if not torch.isfinite(tasks.support).all() or not torch.isfinite(tasks.query).all():
-            from lightning_putm.errors import FeatureError
-
             raise FeatureError(
                 f"{self.name}: the task features contain NaN or Inf; clean or re-extract the feature file"
             )

@@ -1,4 +1,4 @@
-"""Figures of the evaluation report (DESIGN §8): accuracy vs α, true vs estimated class counts, prototype t-SNE.
+"""Figures of the evaluation report: accuracy vs α, true vs estimated class counts, prototype t-SNE.
 
 They reproduce the three kinds of figure that Tian et al., ICCV 2023 (PUTM) use to argue their case: robustness
 of accuracy to the Dirichlet imbalance level α, the case study comparing the true per-class query counts with the
@@ -11,7 +11,6 @@ file in the destination folder, then ``os.replace``, so a reader never sees a ha
 
 from __future__ import annotations
 
-import math
 import os
 import uuid
 from collections.abc import Mapping, Sequence
@@ -25,9 +24,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from lightning_putm.evaluation.records import Summary, as_summaries
+
 __all__ = ["plot_accuracy_vs_alpha", "plot_query_counts", "plot_prototype_tsne"]
 
-ACCURACY_KEYS = ("method", "shots", "alpha", "accuracy", "ci95")
 BALANCED = "balanced"
 DPI = 120
 EXACT_TSNE_MAX_POINTS = 500
@@ -93,69 +93,17 @@ def _format_number(value: float) -> str:
 # ------------------------------------------------------------------------------------------- accuracy vs α
 
 
-def _parse_float(row_index: int, key: str, value: Any) -> float:
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        raise ValueError(f"row {row_index}: `{key}` must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise ValueError(f"row {row_index}: `{key}` must be finite, got {value!r}")
-    return number
-
-
-def _parse_shots(row_index: int, value: Any) -> int:
-    number = _parse_float(row_index, "shots", value)
-    if not number.is_integer() or number < 1:
-        raise ValueError(f"row {row_index}: `shots` must be a positive integer, got {value!r}")
-    return int(number)
-
-
-def _parse_alpha(row_index: int, value: Any) -> float | None:
-    """``None`` for the balanced setting, else a positive Dirichlet concentration."""
-    if str(value).strip().lower() == BALANCED:
-        return None
-    try:
-        alpha = float(str(value).strip())
-    except ValueError:
-        raise ValueError(f"row {row_index}: `alpha` must be a positive number or 'balanced', got {value!r}") from None
-    if not (math.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"row {row_index}: `alpha` must be a positive number or 'balanced', got {value!r}")
-    return alpha
-
-
-def _is_true(value: Any) -> bool:
-    return str(value).strip().lower() in ("true", "1", "yes")
-
-
-def _parse_accuracy_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Validate and normalise summary rows (as written to, or read back from, results.csv)."""
-    if rows is None or len(rows) == 0:
-        raise ValueError("no result rows to plot: expected summary dicts with keys " + ", ".join(ACCURACY_KEYS))
+def _parse_accuracy_rows(rows: Sequence[Summary | Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Summaries (or rows of a saved results.csv) as plot items; oracle-prior results get their own label."""
     parsed: list[dict[str, Any]] = []
     seen: set[tuple[str, int, float | None]] = set()
-    for index, row in enumerate(rows):
-        if not isinstance(row, Mapping):
-            raise ValueError(f"row {index}: expected a mapping, got {type(row).__name__}")
-        missing = [key for key in ACCURACY_KEYS if key not in row]
-        if missing:
-            raise ValueError(f"row {index} is missing key(s) {', '.join(missing)}; "
-                             f"required: {', '.join(ACCURACY_KEYS)}; got: {', '.join(map(str, row))}")
-        method = str(row["method"]).strip()
-        if not method:
-            raise ValueError(f"row {index}: `method` is empty")
-        if _is_true(row.get("oracle_prior", "false")):
-            method = f"{method} (oracle prior)"  # DESIGN §2: results with the true counts are labelled as such
-        ci95 = _parse_float(index, "ci95", row["ci95"])
-        if ci95 < 0:
-            raise ValueError(f"row {index}: `ci95` must be non-negative, got {row['ci95']!r}")
-        item = {"method": method, "shots": _parse_shots(index, row["shots"]),
-                "alpha": _parse_alpha(index, row["alpha"]),
-                "accuracy": _parse_float(index, "accuracy", row["accuracy"]), "ci95": ci95}
+    for index, summary in enumerate(as_summaries(rows)):
+        item = {"method": summary.label, "shots": summary.shots, "alpha": summary.alpha,
+                "accuracy": summary.accuracy, "ci95": summary.ci95}
         key = (item["method"], item["shots"], item["alpha"])
         if key in seen:
-            alpha_text = BALANCED if item["alpha"] is None else f"{item['alpha']:g}"
-            raise ValueError(f"row {index}: duplicate result for method={method!r}, shots={item['shots']}, "
-                             f"alpha={alpha_text}")
+            raise ValueError(f"row {index}: duplicate result for method={item['method']!r}, shots={item['shots']}, "
+                             f"alpha={summary.alpha_label}")
         seen.add(key)
         parsed.append(item)
     return parsed

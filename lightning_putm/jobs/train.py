@@ -9,25 +9,27 @@ owns (logger, callbacks, plugins, checkpointing).
 
 from __future__ import annotations
 
-import inspect
-import math
-import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pytorch_lightning as pl
-from lightning_fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from pytorch_lightning.utilities import rank_zero_only
 
+from lightning_putm.callbacks import FewShotEvaluationCallback
 from lightning_putm.checkpoints import AtomicCheckpointIO
-from lightning_putm.config import (apply_overrides, check_resolvable, conf_dir, load_group, load_yaml, parse_value,
-                                   split_override, to_container, to_yaml)
+from lightning_putm.config import (apply_overrides, apply_trainer_overrides, build_trainer, conf_dir, load_group,
+                                   load_yaml, peel_override, split_override, split_trainer_overrides, to_container,
+                                   to_yaml)
 from lightning_putm.data.datamodule import EpisodeSettings, FewShotDataModule
 from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.evaluation.settings import EvaluationSettings, load_evaluate_config
+from lightning_putm.evaluation.settings import settings_from_config as evaluation_settings
+from lightning_putm.loggers import build_logger, finish_logger
 from lightning_putm.pretrain import STAGES, S2M2Module, check_resume_checkpoint, init_from_checkpoint
+from lightning_putm.validators import flag, integer, mapping, number, parse_alpha, path, positive
 
 #: Trainer arguments this job sets itself; use the named config keys instead.
 RESERVED_TRAINER_ARGS = {
@@ -39,34 +41,13 @@ RESERVED_TRAINER_ARGS = {
 }
 
 
-#: Sanity limit of trainer.devices / trainer.num_nodes (Lightning allocates per-device lists up front).
-MAX_DEVICES = 4096
-
-
 # --------------------------------------------------------------------------------------------- config
-def peel_override(overrides: list[str], key: str) -> tuple[str | None, list[str]]:
-    """Remove every ``key=value`` from ``overrides``; return the last value (or None) and the rest."""
-    value, rest = None, []
-    for text in overrides:
-        name, raw = split_override(text)
-        if name == key:
-            value = str(parse_value(name, raw))
-        else:
-            rest.append(text)
-    return value, rest
-
-
-def trainer_arguments() -> set[str]:
-    return set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
-
-
 def load_train_config(overrides: Sequence[str] = ()) -> DictConfig:
     """``conf/train_backbone.yaml`` + the chosen data and backbone files + overrides (unknown keys are errors)."""
     overrides = list(overrides)
     data_name, overrides = peel_override(overrides, "data")
     backbone_name, overrides = peel_override(overrides, "backbone")
-    trainer_overrides = [o for o in overrides if split_override(o)[0].startswith("trainer.")]
-    overrides = [o for o in overrides if o not in trainer_overrides]
+    trainer_overrides, overrides = split_trainer_overrides(overrides)
     for text in overrides:
         if split_override(text)[0] in ("data.name", "backbone.name"):
             raise ConfigError(f"{text!r}: choose the dataset with data=<name> and the backbone with backbone=<name>")
@@ -82,27 +63,6 @@ def load_train_config(overrides: Sequence[str] = ()) -> DictConfig:
     cfg.backbone = OmegaConf.merge({"name": backbone_name}, backbone)
     cfg = apply_overrides(cfg, overrides)
     return apply_trainer_overrides(cfg, trainer_overrides, RESERVED_TRAINER_ARGS, "train_backbone.py")
-
-
-def apply_trainer_overrides(cfg: DictConfig, overrides: Sequence[str], reserved: dict[str, str], job: str) -> DictConfig:
-    """Set ``trainer.<arg>=value`` overrides, checked against ``pl.Trainer``'s signature and the job's own args."""
-    valid = trainer_arguments()
-    for text in overrides:
-        key, raw = split_override(text)
-        name = key.split(".", 1)[1]
-        if name in reserved:
-            raise ConfigError(f"{key} is set by {job} itself: {reserved[name]}")
-        if "." in name or name not in valid:
-            raise ConfigError(f"unknown Trainer argument {key!r}; valid trainer.<name>: "
-                              f"{', '.join(sorted(valid - set(reserved)))}")
-        OmegaConf.update(cfg, key, parse_value(key, raw), merge=False, force_add=True)
-    check_resolvable(cfg)
-    for name in ("devices", "num_nodes"):  # Lightning builds a list of that many devices: 10**9 exhausts memory
-        count = OmegaConf.select(cfg, f"trainer.{name}")
-        if isinstance(count, int) and not isinstance(count, bool) and count > MAX_DEVICES:
-            raise ConfigError(f"trainer.{name}={count} is more than any machine or cluster here has (at most "
-                              f"{MAX_DEVICES}); give the number of GPUs/processes you want, e.g. trainer.{name}=2")
-    return cfg
 
 
 @dataclass
@@ -126,52 +86,11 @@ class TrainSettings:
     log_dir: Path
     wandb: dict[str, Any]
     trainer: dict[str, Any]
-    fewshot_eval: Any = None  # EvaluationSettings of the periodic PUTM/peer evaluation, or None
+    fewshot_eval: EvaluationSettings | None = None  # settings of the periodic PUTM/peer evaluation, or None
     fewshot_every: int | None = None
 
     def stage_dir(self, stage: str) -> Path:
         return (self.checkpoint_dir / self.dataset / self.backbone / stage).absolute()
-
-
-def _positive(value: Any, key: str, integer: bool = False) -> Any:
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0 or not math.isfinite(value):
-        raise ConfigError(f"`{key}` must be a positive {'integer' if integer else 'number'}, got {value!r}")
-    return value
-
-
-def _flag(value: Any, key: str) -> bool:
-    """A true/false setting; ``bool("no")`` is True, so strings are never coerced."""
-    if not isinstance(value, bool):
-        raise ConfigError(f"`{key}` must be true or false, got {value!r}")
-    return value
-
-
-def _number(value: Any, key: str, low: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
-        raise ConfigError(f"`{key}` must be a number >= {low:g}, got {value!r}")
-    return float(value)
-
-
-def _count(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"`{key}` must be an integer >= 0, got {value!r}")
-    return value
-
-
-def _path(value: Any, key: str) -> Path:
-    if value is None or isinstance(value, (bool, int, float, ListConfig, DictConfig)) or not str(value).strip():
-        raise ConfigError(f"`{key}` must be a path, got {value!r}")
-    return Path(str(value))
-
-
-def _mapping(value: Any, key: str) -> dict[str, Any]:
-    """An optional group of settings (``null`` or a mapping) as a plain dict."""
-    if value is None:
-        return {}
-    if not isinstance(value, DictConfig):
-        raise ConfigError(f"`{key}` must be a mapping of settings (e.g. {key}.<name>=value) or null, got {value!r}")
-    return to_container(value)
 
 
 def _check_backbone_options(options: dict[str, Any], name: str) -> None:
@@ -181,31 +100,24 @@ def _check_backbone_options(options: dict[str, Any], name: str) -> None:
     for key, value in options.items():
         default, where = defaults.get(key), f"backbone.{key}"
         if isinstance(default, bool):
-            _flag(value, where)
+            flag(value, where)
         elif isinstance(default, int):
-            _positive(value, where, integer=True)
+            positive(value, where, integer=True)
         elif isinstance(default, float):
-            if _number(value, where) >= 1.0:
+            if number(value, where) >= 1.0:
                 raise ConfigError(f"`{where}` must be a rate in [0, 1), got {value!r}")
         elif isinstance(default, ListConfig):
             if not isinstance(value, list) or not value:
                 raise ConfigError(f"`{where}` must be a list like {list(default)}, got {value!r}")
             for item in value:
-                _positive(item, where, integer=True)
+                positive(item, where, integer=True)
 
 
 def _episodes(cfg: DictConfig, key: str) -> EpisodeSettings:
     node = cfg[key]
-    alpha = node.alpha
-    if isinstance(alpha, str) and alpha.strip().lower() == "balanced":
-        alpha = None
-    elif alpha is not None:
-        alpha = float(_positive(alpha, f"{key}.alpha"))
-    values = {k: _positive(node[k], f"{key}.{k}", integer=True) for k in ("ways", "shots", "queries", "tasks")}
-    seed = node.seed
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"`{key}.seed` must be an integer >= 0, got {seed!r}")
-    return EpisodeSettings(alpha=alpha, seed=seed, **values)
+    alpha = None if node.alpha is None else parse_alpha(node.alpha, f"`{key}.alpha`")
+    values = {k: positive(node[k], f"{key}.{k}", integer=True) for k in ("ways", "shots", "queries", "tasks")}
+    return EpisodeSettings(alpha=alpha, seed=integer(node.seed, f"{key}.seed", 0), **values)
 
 
 def settings_from_config(cfg: DictConfig) -> TrainSettings:
@@ -220,15 +132,13 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         value = max_epochs if max_epochs is not None else epochs_cfg.get(stage)
         if value is None:
             raise ConfigError(f"no epoch count for stage {stage!r}: set data.epochs.{stage} or trainer.max_epochs")
-        epochs[stage] = _positive(value, "trainer.max_epochs" if max_epochs is not None else f"data.epochs.{stage}",
+        epochs[stage] = positive(value, "trainer.max_epochs" if max_epochs is not None else f"data.epochs.{stage}",
                                   integer=True)
     scale = cfg.head.scale
-    head_scale = None if scale in (None, "auto") else float(_positive(scale, "head.scale"))
+    head_scale = None if scale in (None, "auto") else float(positive(scale, "head.scale"))
     if cfg.logger not in ("csv", "wandb", "none"):
         raise ConfigError(f"`logger` must be csv, wandb or none, got {cfg.logger!r}")
-    seed = cfg.seed
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ConfigError(f"`seed` must be an integer >= 0, got {seed!r}")
+    seed = integer(cfg.seed, "seed", 0)
     mix_layers = cfg.mix_layers if not isinstance(cfg.mix_layers, int) else [cfg.mix_layers]
     if (not isinstance(mix_layers, (list, ListConfig)) or not mix_layers
             or any(isinstance(m, bool) or not isinstance(m, int) for m in mix_layers)):
@@ -244,26 +154,26 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         backbone_options=backbone_options,
         stages=stages,
         epochs=epochs,
-        init_from=_path(cfg.init_from, "init_from") if cfg.init_from else None,
-        resume=_flag(cfg.resume, "resume"),
-        checkpoint_dir=_path(cfg.checkpoint_dir, "checkpoint_dir"),
+        init_from=path(cfg.init_from, "init_from") if cfg.init_from else None,
+        resume=flag(cfg.resume, "resume"),
+        checkpoint_dir=path(cfg.checkpoint_dir, "checkpoint_dir"),
         seed=seed,
         module_args={
-            "lr": float(_positive(cfg.lr, "lr")),
-            "weight_decay": _number(cfg.weight_decay, "weight_decay"),
+            "lr": float(positive(cfg.lr, "lr")),
+            "weight_decay": number(cfg.weight_decay, "weight_decay"),
             "scheduler": str(cfg.scheduler),
-            "mixup_alpha": float(_positive(cfg.mixup_alpha, "mixup_alpha")),
+            "mixup_alpha": float(positive(cfg.mixup_alpha, "mixup_alpha")),
             "mix_layers": mix_layers,
             "head_scale": head_scale,
-            "class_gain": _flag(cfg.head.class_gain, "head.class_gain"),
+            "class_gain": flag(cfg.head.class_gain, "head.class_gain"),
             "ncm_normalise": str(cfg.ncm),
         },
         val_episodes=_episodes(cfg, "val_episodes"),
         test_episodes=_episodes(cfg, "test_episodes"),
-        run_test=_flag(cfg.run_test, "run_test"),
+        run_test=flag(cfg.run_test, "run_test"),
         logger=str(cfg.logger),
-        log_dir=_path(cfg.log_dir, "log_dir"),
-        wandb=_mapping(cfg.wandb, "wandb"),
+        log_dir=path(cfg.log_dir, "log_dir"),
+        wandb=mapping(cfg.wandb, "wandb"),
         trainer=trainer,
         fewshot_every=_fewshot_every(cfg),
         fewshot_eval=_fewshot_settings(cfg),
@@ -272,15 +182,13 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
 
 def _fewshot_every(cfg: DictConfig) -> int | None:
     every = cfg.fewshot_eval.every_n_epochs
-    return None if every is None else int(_positive(every, "fewshot_eval.every_n_epochs", integer=True))
+    return None if every is None else int(positive(every, "fewshot_eval.every_n_epochs", integer=True))
 
 
-def _fewshot_settings(cfg: DictConfig) -> Any:
+def _fewshot_settings(cfg: DictConfig) -> EvaluationSettings | None:
     """Settings of the periodic few-shot evaluation on the validation split (evaluate.py's validation rules)."""
     if cfg.fewshot_eval.every_n_epochs is None:
         return None
-    from lightning_putm.evaluation import load_evaluate_config, settings_from_config
-
     node = cfg.fewshot_eval
     overrides = [f"methods={list(node.methods)}".replace("'", ""), f"shots={list(node.shots)}",
                  f"alphas={list(node.alphas)}".replace("'", ""), f"tasks={node.tasks}",
@@ -288,7 +196,7 @@ def _fewshot_settings(cfg: DictConfig) -> Any:
                  "split=val", "progress=false", f"output_dir={Path(str(cfg.log_dir)) / 'fewshot' / str(cfg.data.name)}",
                  *[str(o) for o in (node.overrides or [])]]
     try:
-        return settings_from_config(load_evaluate_config(overrides))
+        return evaluation_settings(load_evaluate_config(overrides))
     except ConfigError as exc:
         raise ConfigError(f"fewshot_eval: {exc}") from exc
 
@@ -299,60 +207,29 @@ def build_datamodule(cfg: DictConfig, settings: TrainSettings) -> FewShotDataMod
     return FewShotDataModule(
         settings.dataset,
         root=data.root,
-        image_size=_positive(data.image_size, "data.image_size", integer=True),
-        batch_size=_positive(data.batch_size, "data.batch_size", integer=True),
-        eval_batch_size=_positive(data.eval_batch_size, "data.eval_batch_size", integer=True),
-        num_workers=_count(data.num_workers, "data.num_workers"),
-        augment=_mapping(data.augment, "data.augment"),
-        normalize=_mapping(data.normalize, "data.normalize") or None,
-        eval_resize=float(_positive(data.eval_resize, "data.eval_resize")),
-        options=_mapping(data.options, "data.options"),
+        image_size=positive(data.image_size, "data.image_size", integer=True),
+        batch_size=positive(data.batch_size, "data.batch_size", integer=True),
+        eval_batch_size=positive(data.eval_batch_size, "data.eval_batch_size", integer=True),
+        num_workers=integer(data.num_workers, "data.num_workers", 0),
+        augment=mapping(data.augment, "data.augment"),
+        normalize=mapping(data.normalize, "data.normalize") or None,
+        eval_resize=float(positive(data.eval_resize, "data.eval_resize")),
+        options=mapping(data.options, "data.options"),
         val_episodes=settings.val_episodes,
         test_episodes=settings.test_episodes,
         seed=settings.seed,
     )
 
 
-def build_logger(settings: TrainSettings, stage: str) -> Any:
-    """CSV, W&B (offline works without a key) or no logger; W&B start-up problems become a ConfigError."""
-    run_name = f"{settings.dataset}-{settings.backbone}-{stage}"
-    if settings.logger == "none":
-        return False
-    if settings.logger == "csv":
-        from pytorch_lightning.loggers import CSVLogger
-
-        return CSVLogger(save_dir=str(settings.log_dir), name=f"{settings.dataset}/{settings.backbone}/{stage}")
-    try:
-        import wandb  # noqa: F401
-        from pytorch_lightning.loggers import WandbLogger
-    except Exception as exc:  # not installed or broken install
-        raise ConfigError(f"logger=wandb but wandb cannot be imported ({exc}); install wandb or use logger=none") from exc
-    options = settings.wandb
-    mode = options.get("mode") or os.environ.get("WANDB_MODE")
-    settings.log_dir.mkdir(parents=True, exist_ok=True)
-    kwargs = {"project": options.get("project"), "name": options.get("name") or run_name,
-              "save_dir": str(settings.log_dir)}
-    if options.get("entity"):
-        kwargs["entity"] = options["entity"]
-    if mode:
-        kwargs["mode"] = mode
-    return WandbLogger(**kwargs)
+def build_stage_logger(settings: TrainSettings, stage: str, log: Callable[[str], None] = print) -> Any:
+    """The stage's logger: CSV under ``log_dir/<dataset>/<backbone>/<stage>``, W&B (offline works without a key)
+    or none."""
+    return build_logger(settings.logger, settings.log_dir, settings.wandb,
+                        f"{settings.dataset}-{settings.backbone}-{stage}", log,
+                        csv_name=f"{settings.dataset}/{settings.backbone}/{stage}")
 
 
-def start_logger(logger: Any) -> None:
-    """Touch the W&B run now so a missing key or network fails with a clear message before training."""
-    if logger is False or type(logger).__name__ != "WandbLogger":
-        return
-    try:
-        logger.experiment  # noqa: B018 - creates the run on rank 0
-    except Exception as exc:
-        raise ConfigError(
-            f"W&B could not start a run ({type(exc).__name__}: {exc}). Log offline with WANDB_MODE=offline "
-            "(or wandb.mode=offline), run `wandb login`, or use logger=none"
-        ) from exc
-
-
-def build_trainer(settings: TrainSettings, stage: str, has_val: bool, logger: Any) -> pl.Trainer:
+def build_stage_trainer(settings: TrainSettings, stage: str, has_val: bool, logger: Any) -> pl.Trainer:
     """A Trainer with ``trainer.*`` options, atomic checkpoint IO and the best/last checkpoint callbacks.
 
     Two callbacks: Lightning (2.6) refreshes ``save_last`` only in steps where a top-k checkpoint was written,
@@ -369,21 +246,11 @@ def build_trainer(settings: TrainSettings, stage: str, has_val: bool, logger: An
     callbacks.append(ModelCheckpoint(dirpath=folder, filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
                                      enable_version_counter=False))
     if settings.fewshot_every is not None and has_val:
-        from dataclasses import replace
-
-        from lightning_putm.callbacks import FewShotEvaluationCallback
-
         fewshot = replace(settings.fewshot_eval, output_dir=settings.fewshot_eval.output_dir / stage)
         callbacks.append(FewShotEvaluationCallback(fewshot, every_n_val_epochs=settings.fewshot_every, plots=False,
                                                    run_at_test=False))
-    kwargs = dict(settings.trainer)
-    kwargs.update(max_epochs=settings.epochs[stage], logger=logger, callbacks=callbacks,
-                  plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
-    try:
-        return pl.Trainer(**kwargs)
-    except (TypeError, ValueError, ImportError, RuntimeError, MemoryError, MisconfigurationException) as exc:
-        # e.g. accelerator=gpu on a CPU machine, accelerator=tpu without torch_xla, devices=10**10
-        raise ConfigError(f"invalid trainer options {settings.trainer}: {exc}") from exc
+    return build_trainer(settings.trainer, max_epochs=settings.epochs[stage], logger=logger, callbacks=callbacks,
+                         plugins=[AtomicCheckpointIO()], enable_checkpointing=True)
 
 
 # --------------------------------------------------------------------------------------------- the job
@@ -440,9 +307,8 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
         elif previous is not None:
             init_from_checkpoint(module, previous)
             say(f"[{stage}] starting from {previous}")
-        logger = build_logger(settings, stage)
-        trainer = build_trainer(settings, stage, has_val, logger)
-        start_logger(logger)
+        logger = build_stage_logger(settings, stage, say)
+        trainer = build_stage_trainer(settings, stage, has_val, logger)
         start = time.perf_counter()
         trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_path) if resume_path else None,
                     weights_only=True)
@@ -453,8 +319,7 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
         results.append(StageResult(stage, last, best, score, seconds))
         score_text = f", best val/acc {score:.2f}%" if score is not None else ""
         say(f"[{stage}] done in {seconds:.0f} s: last checkpoint {last}; best {best}{score_text}")
-        if type(logger).__name__ == "WandbLogger" and rank_zero:
-            logger.experiment.finish()
+        finish_logger(logger, rank_zero)
         previous = best
     if settings.run_test and module is not None and trainer is not None and datamodule.has_split("test"):
         outcome = trainer.test(module, datamodule=datamodule, ckpt_path=str(results[-1].best), weights_only=True,

@@ -1,0 +1,190 @@
+"""The report of an evaluation: the console table, ``results.csv``, ``per_task.csv``, ``config.yaml``, figures
+and W&B entries.
+
+The figures reproduce the paper's views (Tian et al., ICCV 2023): accuracy against the Dirichlet α, the true
+per-class query counts of one task against PUTM's estimate ``Σ_j π_f(k|j)``, and a t-SNE of one task's
+prototypes before and after the CT-EM refinement.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from lightning_putm.evaluation import plots
+from lightning_putm.evaluation.records import PROVENANCE_COLUMNS, SUMMARY_COLUMNS, Provenance, Summary
+from lightning_putm.evaluation.runner import SettingResult
+from lightning_putm.evaluation.settings import EvaluationSettings
+from lightning_putm.features import FeatureSet
+from lightning_putm.methods import build_method
+from lightning_putm.metrics import task_accuracy
+
+
+def format_table(summaries: Sequence[Summary]) -> str:
+    """A fixed-width text table: method, shot, α, accuracy ± 95% CI, tasks, seconds, oracle prior."""
+    header = ["method", "shots", "alpha", "accuracy (%)", "tasks", "time (s)", "oracle_prior"]
+    body = [
+        [s.method, str(s.shots), s.alpha_label, f"{s.accuracy:.2f} ± {s.ci95:.2f}", str(s.tasks), f"{s.seconds:.1f}",
+         "true" if s.oracle_prior else "false"]
+        for s in summaries
+    ]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
+    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(b) for b in body)])
+
+
+def per_task_rows(results: list[SettingResult]) -> list[dict[str, Any]]:
+    """One row per (method, shot, α, task) with the task's query counts and imbalance."""
+    rows = []
+    for result in results:
+        bank = result.bank
+        imbalance = bank.imbalance()
+        for t in range(len(bank)):
+            counts = bank.query_counts[t].tolist()
+            rows.append({
+                "method": result.method,
+                "shots": result.shots,
+                "alpha": result.alpha_label,
+                "task": t,
+                "accuracy": f"{float(result.accuracies[t]):.6f}",
+                "oracle_prior": "true" if result.oracle_prior else "false",
+                "query_counts": ";".join(str(c) for c in counts),
+                "class_ids": ";".join(str(c) for c in bank.class_ids[t].tolist()),
+                "max_min_ratio": f"{float(imbalance['max_min_ratio'][t]):.4f}",
+                "normalised_entropy": f"{float(imbalance['normalised_entropy'][t]):.6f}",
+            })
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str] | None = None) -> Path:
+    """Write rows atomically (temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    columns = columns or (list(rows[0].keys()) if rows else [])
+    with open(tmp, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+    return path
+
+
+def write_report(results: Sequence[SettingResult], output_dir: Path, config_yaml: str | None = None,
+                 provenance: Provenance | None = None) -> dict[str, Path]:
+    """``results.csv`` (summary, with provenance columns), ``per_task.csv`` and ``config.yaml`` in ``output_dir``."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    columns = SUMMARY_COLUMNS + (PROVENANCE_COLUMNS if provenance is not None else [])
+    paths = {
+        "results": write_csv(output_dir / "results.csv", [r.summary().csv_row(provenance) for r in results], columns),
+        "per_task": write_csv(output_dir / "per_task.csv", per_task_rows(results)),
+    }
+    if config_yaml is not None:
+        config_path = output_dir / "config.yaml"
+        tmp = config_path.with_name(f".{config_path.name}.tmp")
+        tmp.write_text(config_yaml)
+        tmp.replace(config_path)
+        paths["config"] = config_path
+    return paths
+
+
+def putm_case_study(results: Sequence[SettingResult], feature_set: FeatureSet, settings: EvaluationSettings,
+                    task: int = 0) -> dict[str, Any] | None:
+    """Re-solve one task with PUTM alone and return what the case-study figures need.
+
+    The task is ``task`` of the first shot's first imbalanced α (balanced if none). A task's PUTM result is
+    bit-identical alone or in a batch, so the estimate shown is exactly the one that was evaluated
+    (``matches_evaluation`` records the check).
+    """
+    putm = [r for r in results if r.method == "putm"]
+    if not putm:
+        return None
+    first_shot = putm[0].shots
+    candidates = [r for r in putm if r.shots == first_shot]
+    chosen = next((r for r in candidates if r.alpha is not None), candidates[0])
+    bank = chosen.bank
+    t = max(0, min(int(task), len(bank) - 1))
+    gathered = bank.gather(feature_set.features, settings.device)
+    single = gathered.batch.slice(t, t + 1)
+    method = build_method("putm", settings.method_params.get("putm", {}), shots=chosen.shots,
+                          balanced=chosen.alpha is None, memory_budget_mb=settings.memory_budget_mb)
+    probabilities = method.predict(single)
+    accuracy = float(task_accuracy(probabilities, gathered.query_labels[t:t + 1])[0])
+    state = method.last_state
+    rows = state["rows"][0]
+    query_labels = gathered.query_labels[t]
+    if "query_order" in state:  # rows are in PUTM's canonical query order
+        query_labels = query_labels[state["query_order"][0]]
+    support = single.num_support
+    return {
+        "shots": chosen.shots,
+        "alpha": chosen.alpha_label,
+        "task": t,
+        "class_names": [feature_set.class_names[c] for c in bank.class_ids[t].tolist()],
+        "true_counts": bank.query_counts[t].tolist(),
+        "estimated_counts": probabilities[0].sum(0).cpu().tolist(),
+        "accuracy": accuracy,
+        "matches_evaluation": abs(accuracy - float(chosen.accuracies[t])) < 1e-12,
+        "queries": rows[support:].cpu(),
+        "query_labels": query_labels.cpu(),
+        "support": rows[:support].cpu(),
+        "support_labels": single.support_labels[0].cpu(),
+        "initial_prototypes": state["initial_prototypes"][0].cpu(),
+        "refined_prototypes": state["prototypes"][0].cpu(),
+    }
+
+
+def make_plots(results: Sequence[SettingResult], feature_set: FeatureSet, settings: EvaluationSettings, folder: Path, task: int = 0,
+               log: Callable[[str], None] = print) -> dict[str, Path]:
+    """Write the PNGs into ``folder``; returns ``{name: path}``."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    figures = {"accuracy_vs_alpha": plots.plot_accuracy_vs_alpha([r.summary() for r in results],
+                                                                      folder / "accuracy_vs_alpha.png")}
+    case = putm_case_study(results, feature_set, settings, task)
+    if case is not None:
+        where = f"{case['shots']}-shot alpha={case['alpha']} task {case['task']}"
+        figures["putm_query_counts"] = plots.plot_query_counts(
+            case["true_counts"], case["estimated_counts"], folder / "putm_query_counts.png",
+            class_names=case["class_names"], title=f"PUTM class-count estimate, {where}")
+        figures["putm_tsne"] = plots.plot_prototype_tsne(
+            case["queries"], case["query_labels"], case["initial_prototypes"], case["refined_prototypes"],
+            folder / "putm_tsne.png", support=case["support"], support_labels=case["support_labels"],
+            seed=settings.seed, title=f"PUTM prototypes, {where}")
+        estimate = ", ".join(f"{e:.1f}" for e in case["estimated_counts"])
+        log(f"PUTM case study ({where}): true query counts {case['true_counts']}, estimated [{estimate}]")
+    return figures
+
+
+# --------------------------------------------------------------------------------------------- loggers
+def _is_wandb(logger: Any) -> bool:
+    return type(logger).__name__ == "WandbLogger"
+
+
+def log_to_loggers(loggers: Iterable[Any], summaries: Sequence[Summary], figures: dict[str, Path], prefix: str) -> None:
+    """W&B extras (table, accuracy-vs-α line plots, images); scalar metrics go through ``LightningModule.log``."""
+    for logger in loggers:
+        if _is_wandb(logger):
+            log_to_wandb(logger.experiment, summaries, figures, prefix)
+
+
+def log_to_wandb(run: Any, summaries: Sequence[Summary], figures: dict[str, Path], prefix: str) -> None:
+    import wandb
+
+    rows = [s.csv_row() for s in summaries]
+    payload: dict[str, Any] = {
+        f"{prefix}/results": wandb.Table(columns=SUMMARY_COLUMNS, data=[[row[c] for c in SUMMARY_COLUMNS] for row in rows])
+    }
+    for shots in sorted({s.shots for s in summaries}):
+        numeric = [s for s in summaries if s.shots == shots and s.alpha is not None]
+        alphas = sorted({s.alpha for s in numeric})
+        methods = list(dict.fromkeys(s.method for s in numeric))
+        if not alphas:
+            continue
+        accuracy = {(s.method, s.alpha): round(s.accuracy, 4) for s in numeric}
+        payload[f"{prefix}/accuracy_vs_alpha/{shots}shot"] = wandb.plot.line_series(
+            xs=alphas, ys=[[accuracy.get((m, a), float("nan")) for a in alphas] for m in methods], keys=methods,
+            title=f"{shots}-shot accuracy (%) vs Dirichlet alpha", xname="alpha")
+    for name, path in figures.items():
+        payload[f"{prefix}/plots/{name}"] = wandb.Image(str(path))
+    run.log(payload)

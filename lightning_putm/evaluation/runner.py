@@ -1,0 +1,130 @@
+"""The evaluation core: every method on the same seeded episode bank per (shot, α), one result per triple.
+
+The protocol of the realistic-imbalance benchmark (Veilleux et al., NeurIPS 2021) that PUTM's Table 1 uses:
+per (shot, α) one bank of tasks with Dirichlet(α) query proportions (or balanced), drawn once from the seed and
+shared by every method, so methods are compared on identical tasks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from lightning_putm.data.episodes import EpisodeBank, sample_episode_bank
+from lightning_putm.evaluation.records import Summary
+from lightning_putm.evaluation.settings import EvaluationSettings
+from lightning_putm.evaluation.sources import load_base_mean
+from lightning_putm.features import FeatureSet
+from lightning_putm.methods import build_method, method_uses_class_prior
+from lightning_putm.metrics import mean_and_ci95, task_accuracy
+from lightning_putm.validators import alpha_label
+
+
+@dataclass
+class SettingResult:
+    """Per-task accuracies of one method on one (shot, α) bank, with the bank itself (for per-task files)."""
+
+    method: str
+    shots: int
+    alpha: float | None
+    accuracies: torch.Tensor  # [T] float64
+    seconds: float
+    bank: EpisodeBank
+    oracle_prior: bool = False  # the method received the true query counts
+    precision: str = ""  # what the method computed in (PUTM: ``auto`` resolved for the device)
+
+    @property
+    def alpha_label(self) -> str:
+        return alpha_label(self.alpha)
+
+    def summary(self) -> Summary:
+        mean, ci = mean_and_ci95(self.accuracies)
+        return Summary(method=self.method, shots=self.shots, alpha=self.alpha, accuracy=100 * mean, ci95=100 * ci,
+                       tasks=int(self.accuracies.numel()), seconds=self.seconds, oracle_prior=self.oracle_prior,
+                       precision=self.precision)
+
+
+def shard_range(tasks: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Contiguous block ``[start, stop)`` of the ``tasks`` tasks that process ``rank`` of ``world_size`` solves."""
+    per_rank = math.ceil(tasks / world_size)
+    return min(tasks, rank * per_rank), min(tasks, (rank + 1) * per_rank)
+
+
+def gather_shards(local: torch.Tensor, tasks: int, world_size: int,
+                  all_gather: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Per-task values of every rank's block, in task order (blocks padded to equal length for all_gather)."""
+    per_rank = math.ceil(tasks / world_size)
+    padded = local.new_full((per_rank,), float("nan"))
+    padded[: local.numel()] = local
+    gathered = all_gather(padded).reshape(world_size, per_rank).reshape(-1)
+    return gathered[:tasks].clone()
+
+
+def evaluate_features(
+    feature_set: FeatureSet,
+    settings: EvaluationSettings,
+    log: Callable[[str], None] = print,
+    rank: int = 0,
+    world_size: int = 1,
+    gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    progress: bool | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[SettingResult]:
+    """Run every method on the same episode bank for each (shot, α); returns one result per triple.
+
+    With ``world_size > 1`` every process samples the same banks, solves its contiguous block of tasks and
+    ``gather`` (an all-gather) assembles the per-task accuracies, so the table equals a single process's.
+    ``should_stop`` is polled after every chunk of tasks (e.g. SIGTERM received): the run then stops early.
+    """
+    if world_size > 1 and gather is None:
+        raise ValueError("evaluate_features with world_size > 1 needs a gather function (all_gather)")
+    base_mean = load_base_mean(settings, feature_set.dim, log)
+    if base_mean is not None:
+        base_mean = base_mean.to(settings.device)
+    show = settings.progress if progress is None else progress
+    start_task, stop_task = shard_range(settings.tasks, rank, world_size)
+    total = len(settings.shots) * len(settings.alphas) * len(settings.methods) * (stop_task - start_task)
+    bar = tqdm(total=total, desc="tasks", unit="task", disable=not show, dynamic_ncols=True)
+    results: list[SettingResult] = []
+    try:
+        for shots in settings.shots:
+            for alpha in settings.alphas:
+                bank = sample_episode_bank(
+                    feature_set.labels, settings.ways, shots, settings.queries, alpha, settings.tasks,
+                    settings.seed, class_names=feature_set.class_names,
+                )
+                gathered = bank.gather(feature_set.features, settings.device)
+                batch = gathered.batch.slice(start_task, stop_task)
+                query_labels = gathered.query_labels[start_task:stop_task]
+                for name in settings.methods:
+                    oracle = settings.oracle_prior and method_uses_class_prior(name)
+                    method = build_method(
+                        name, settings.method_params.get(name, {}), shots=shots, balanced=alpha is None,
+                        show_progress=show, memory_budget_mb=settings.memory_budget_mb, base_mean=base_mean,
+                        query_counts=bank.query_counts[start_task:stop_task] if oracle else None,
+                    )
+                    bar.set_postfix_str(f"{name} {shots}-shot alpha={bank.alpha_label}")
+                    start = time.perf_counter()
+                    probabilities = method.predict(batch, on_chunk=lambda n: _advance(bar, n, should_stop))
+                    seconds = time.perf_counter() - start
+                    accuracies = task_accuracy(probabilities, query_labels)
+                    if world_size > 1:
+                        accuracies = gather_shards(accuracies, settings.tasks, world_size, gather)
+                    accuracies = accuracies.cpu()
+                    results.append(SettingResult(name, shots, alpha, accuracies, seconds, bank, method.oracle_prior,
+                                                 method.resolved_precision))
+    finally:
+        bar.close()
+    return results
+
+
+def _advance(bar: Any, tasks: int, should_stop: Callable[[], bool] | None) -> None:
+    bar.update(tasks)
+    if should_stop is not None and should_stop():
+        raise InterruptedError("evaluation stopped: the process received a termination signal (SIGTERM); "
+                               "no result files were written for this run")

@@ -1,0 +1,214 @@
+"""The settings of an evaluation run: ``conf/evaluate.yaml`` + method/data groups + overrides, validated.
+
+Every problem is a :class:`~lightning_putm.errors.ConfigError` naming the key, raised before anything is
+read, written or logged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from lightning_putm.config import (apply_overrides, apply_trainer_overrides, conf_dir, group_options, load_group,
+                                   load_yaml, peel_override, split_trainer_overrides, to_container)
+from lightning_putm.errors import ConfigError
+from lightning_putm.loggers import LOGGERS
+from lightning_putm.methods import available_methods, method_uses_base_mean
+from lightning_putm.validators import as_list, flag, integer, is_number, parse_alpha, positive
+
+DEMO_TASKS = 100
+DEFAULT_TASKS = 1000
+SPLITS = ("train", "val", "test")
+
+#: Trainer arguments evaluation sets itself.
+EVALUATION_TRAINER_ARGS = {
+    "logger": "use logger=auto|wandb|csv|none",
+    "callbacks": "the few-shot evaluation callback is built from this config",
+    "enable_checkpointing": "evaluation writes no checkpoints",
+    "inference_mode": "PUTM needs gradients for its navigators (inference_mode is off)",
+    "default_root_dir": "use output_dir",
+    "enable_progress_bar": "use progress=true|false",
+}
+
+
+#: ``base_features=split:<name>``: the base-class features are that split of ``data``, extracted with the checkpoint.
+BASE_SPLIT_PREFIX = "split:"
+BASE_SPLITS = ("train", "val")
+
+
+@dataclass
+class EvaluationSettings:
+    """Validated values of ``conf/evaluate.yaml``."""
+
+    features: str
+    methods: list[str]
+    ways: int
+    shots: list[int]
+    queries: int
+    alphas: list[float | None]  # None = balanced
+    tasks: int
+    seed: int
+    device: torch.device
+    output_dir: Path
+    allow_pickle: bool = False
+    memory_budget_mb: float = 2048.0
+    progress: bool = True
+    method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
+    base_features: str | None = None  # base-class feature file whose mean CL2N subtracts
+    oracle_prior: bool = False  # give methods with a class prior the TRUE query counts (labelled, unfair)
+    checkpoint: Path | None = None  # extract features of data/split from this backbone checkpoint
+    split: str = "test"
+    feature_cache_dir: Path = Path("outputs/feature_cache")
+    refresh_features: bool = False
+    logger: str = "auto"
+    wandb: dict[str, Any] = field(default_factory=dict)
+    plots: bool = True
+    plot_task: int = 0
+    trainer: dict[str, Any] = field(default_factory=dict)
+    backbone: str = "auto"  # expected backbone of the checkpoint (auto = whatever it holds)
+
+
+def load_evaluate_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """``conf/evaluate.yaml`` with every ``conf/method/*.yaml`` under ``method.<name>``, the chosen
+    ``conf/data/<name>.yaml`` under ``data`` (``data=<name>`` picks it), plus overrides; ``trainer.<arg>``
+    accepts any ``pytorch_lightning.Trainer`` argument except those evaluation sets itself."""
+    overrides = list(overrides)
+    data_name, overrides = peel_override(overrides, "data")
+    trainer_overrides, overrides = split_trainer_overrides(overrides)
+    cfg = load_yaml(conf_dir() / "evaluate.yaml")
+    cfg.method = {name: load_group("method", name) for name in group_options("method")}
+    data_name = data_name or str(cfg.data)
+    cfg.data = OmegaConf.merge({"name": data_name}, load_group("data", data_name))
+    cfg = apply_overrides(cfg, overrides)
+    return apply_trainer_overrides(cfg, trainer_overrides, EVALUATION_TRAINER_ARGS, "evaluate.py")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(f"device: cannot use {name!r} ({exc}); use auto, cpu or cuda[:index]") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device: {name!r} is not supported; use auto, cpu or cuda[:index]")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name} but CUDA is not available here; use device=auto or device=cpu")
+    return device
+
+
+def check_method_params(cfg: DictConfig, methods: list[str]) -> None:
+    """Each ``method.<name>.<key>`` must have the type of its default in ``conf/method/<name>.yaml``."""
+    for name in methods:
+        defaults = load_group("method", name)
+        for key, value in cfg.method[name].items():
+            default = defaults.get(key)
+            where = f"method.{name}.{key}"
+            if default is None or value is None:
+                continue
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"`{where}` must be true or false, got {value!r}")
+            elif isinstance(default, (int, float)):
+                if not is_number(value):
+                    raise ConfigError(f"`{where}` must be a number (default {default}), got {value!r}")
+                if isinstance(default, int) and not isinstance(value, int):
+                    raise ConfigError(f"`{where}` must be an integer (default {default}), got {value!r}")
+            elif isinstance(default, str) and not isinstance(value, str):
+                raise ConfigError(f"`{where}` must be text (default {default!r}), got {value!r}")
+            elif OmegaConf.is_list(default) and not OmegaConf.is_list(value):
+                raise ConfigError(f"`{where}` must be a list like {to_container(default)}, got {value!r}")
+
+
+def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
+    """Validate the merged config; every problem is a :class:`ConfigError` naming the key."""
+    methods = [str(m) for m in as_list(cfg.methods)]
+    if not methods:
+        raise ConfigError(f"`methods` is empty; choose from {', '.join(available_methods())}")
+    for name in methods:
+        if name not in available_methods():
+            raise ConfigError(f"unknown method {name!r}; available methods: {', '.join(available_methods())}")
+    ways = integer(cfg.ways, "ways", 2)
+    shots = as_list(cfg.shots)
+    if not shots or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shots):
+        raise ConfigError(f"`shots` must be a list of positive integers (e.g. shots=[1,5]), got {cfg.shots!r}")
+    queries = 15 * ways if cfg.queries is None else integer(cfg.queries, "queries", 1)
+    alphas = [parse_alpha(a) for a in as_list(cfg.alphas)]
+    if not alphas:
+        raise ConfigError("`alphas` is empty; give Dirichlet alphas and/or `balanced`, e.g. alphas=[2,balanced]")
+    features = str(cfg.features)
+    from_checkpoint = cfg.checkpoint not in (None, "")
+    demo = str(cfg.data.name) == "digits" if from_checkpoint else features in ("demo", "auto")
+    if cfg.tasks == "auto":
+        tasks = DEMO_TASKS if demo else DEFAULT_TASKS
+    else:
+        tasks = integer(cfg.tasks, "tasks", 1)
+    seed = integer(cfg.seed, "seed", 0)
+    budget = positive(cfg.memory_budget_mb, "memory_budget_mb")
+    oracle_prior = flag(cfg.get("oracle_prior", False), "oracle_prior")
+    base_features = cfg.get("base_features")
+    base_features = None if base_features in (None, "") else str(base_features)
+    checkpoint = None if cfg.checkpoint in (None, "") else Path(str(cfg.checkpoint))
+    if base_features == "auto":  # CL2N from the checkpoint's base classes when a method needs them, else none
+        wanted = checkpoint is not None and any(method_uses_base_mean(m) for m in methods)
+        base_features = "split:train" if wanted and str(cfg.get("split", "test")) != "train" else None
+    if base_features is not None and base_features.startswith(BASE_SPLIT_PREFIX):
+        base_split = base_features[len(BASE_SPLIT_PREFIX):]
+        if checkpoint is None:
+            raise ConfigError(f"base_features={base_features} extracts a split with the checkpoint's backbone; "
+                              "give checkpoint=PATH too, or base_features=<feature file>")
+        if base_split == str(cfg.get("split", "test")):
+            raise ConfigError(f"base_features={base_features} is the evaluated split itself; CL2N subtracts the "
+                              "mean of the base classes: use base_features=split:train")
+        if base_split not in BASE_SPLITS:
+            raise ConfigError(f"base_features={base_features}: unknown split {base_split!r}; use split:train "
+                              "(the base classes the backbone was trained on) or split:val")
+    if checkpoint is not None and features not in ("auto", "demo"):
+        raise ConfigError(f"give either features=<file> or checkpoint=<ckpt>, not both (features={features}, "
+                          f"checkpoint={checkpoint})")
+    if checkpoint is not None:
+        features = f"checkpoint:{checkpoint}"
+    elif features == "auto":
+        features = "demo"
+    split = str(cfg.split)
+    if split not in SPLITS:
+        raise ConfigError(f"`split` must be one of {', '.join(SPLITS)}, got {split!r}")
+    if cfg.output_dir is None or str(cfg.output_dir).strip() in ("", "None", "null"):
+        raise ConfigError("`output_dir` must be a folder path, e.g. output_dir=outputs/evaluate")
+    check_method_params(cfg, methods)
+    for key in ("refresh_features", "plots", "progress", "allow_pickle"):
+        flag(cfg[key], key)
+    if str(cfg.logger) not in LOGGERS:
+        raise ConfigError(f"`logger` must be one of {', '.join(LOGGERS)}, got {cfg.logger!r}")
+    return EvaluationSettings(
+        features=features,
+        methods=methods,
+        ways=ways,
+        shots=[int(s) for s in shots],
+        queries=queries,
+        alphas=alphas,
+        tasks=tasks,
+        seed=seed,
+        device=resolve_device(str(cfg.device)),
+        output_dir=Path(str(cfg.output_dir)),
+        allow_pickle=cfg.allow_pickle,
+        memory_budget_mb=float(budget),
+        progress=bool(cfg.progress),
+        method_params={name: to_container(cfg.method[name]) for name in methods if name in cfg.method},
+        base_features=base_features,
+        oracle_prior=oracle_prior,
+        checkpoint=checkpoint,
+        split=split,
+        feature_cache_dir=Path(str(cfg.feature_cache_dir)),
+        refresh_features=cfg.refresh_features,
+        logger=str(cfg.logger),
+        wandb=to_container(cfg.wandb),
+        plots=cfg.plots,
+        plot_task=integer(cfg.plot_task, "plot_task", 0),
+        trainer=to_container(cfg.trainer),
+        backbone=str(cfg.backbone),
+    )

@@ -1,0 +1,171 @@
+"""Where the evaluated features come from: the built-in demo, a feature file, or a backbone checkpoint.
+
+With ``checkpoint=`` the backbone's features of ``data``'s split are extracted in the test loop of
+``Trainer.test`` (:class:`~lightning_putm.feature_modules.BackboneFeatures`) and cached by content
+(:mod:`lightning_putm.extraction`); a cache hit, a feature file or the demo is replayed through the same loop
+(:class:`~lightning_putm.feature_modules.FeatureRows`). CL2N's base-class mean (SimpleShot, Wang et al. 2019)
+is read from ``base_features``: a feature file, or a split extracted with the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig
+
+from lightning_putm.config import build_trainer, to_container
+from lightning_putm.data.datamodule import FewShotDataModule
+from lightning_putm.data.digits import digits_feature_set
+from lightning_putm.data.imagesplit import ImageSplit
+from lightning_putm.data.transforms import eval_transform
+from lightning_putm.errors import FeatureError
+from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, EvaluationSettings
+from lightning_putm.extraction import FeatureCache, FeatureCacheKey, file_sha256, load_checkpoint_backbone
+from lightning_putm.feature_modules import BackboneFeatures, FeatureCollector, FeatureRows, FeatureRowsDataModule
+from lightning_putm.features import FeatureSet, load_features
+from lightning_putm.methods import method_uses_base_mean
+from lightning_putm.validators import integer, mapping, positive
+
+def load_feature_source(settings: EvaluationSettings) -> FeatureSet:
+    """The feature set named by ``features=``: the built-in demo or a file."""
+    feature_set = digits_feature_set() if settings.features == "demo" else load_features(
+        settings.features, allow_pickle=settings.allow_pickle
+    )
+    feature_set.check_finite(f"features from {settings.features}")
+    return feature_set
+
+
+def load_base_mean(settings: EvaluationSettings, dim: int, log: Callable[[str], None] = print) -> torch.Tensor | None:
+    """Mean ``[d]`` of the rows of ``base_features`` for CL2N, or ``None`` with one notice when it is not set."""
+    users = [name for name in settings.methods if method_uses_base_mean(name)]
+    if settings.base_features is None:
+        if users:
+            log(f"notice: no base_features file given, so {', '.join(users)} cannot subtract the base-class "
+                "mean (CL2N) and use plain L2 normalisation (L2N) instead; pass base_features=<file> with "
+                "features of the base classes from the same backbone (with checkpoint=: base_features=split:train)")
+        return None
+    base = load_features(settings.base_features, allow_pickle=settings.allow_pickle)
+    base.check_finite(f"base features from {settings.base_features}")
+    if base.dim != dim:
+        raise FeatureError(
+            f"base_features {settings.base_features} has d={base.dim} but the evaluated features have d={dim}; "
+            "both must come from the same backbone"
+        )
+    if len(base) == 0:
+        raise FeatureError(f"base_features {settings.base_features} has no rows")
+    log(f"base-class mean for CL2N: {len(base)} rows of {settings.base_features}")
+    return base.features.double().mean(0).float()
+
+
+def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Callable[[str], None] = print) -> tuple[Any, Any, FeatureCache | None]:
+    """The test loop's module and datamodule, and the feature cache to fill (``None`` when nothing to extract).
+
+    * ``checkpoint=``: a cache hit replays the cached features; otherwise the backbone extracts them from the
+      images of ``data``'s ``split`` and the callback stores them in the cache.
+    * ``features=<file>`` or the demo: the feature rows are replayed.
+    """
+    if settings.checkpoint is None:
+        feature_set = load_feature_source(settings)
+        return FeatureRows(), FeatureRowsDataModule(feature_set), None
+
+    checkpoint = settings.checkpoint
+    if not checkpoint.is_file():
+        raise FeatureError(f"checkpoint not found: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
+                           "train_backbone.py (e.g. checkpoints/digits/conv4/s2m2r/best.ckpt)")
+    split = settings.split
+    datamodule, images, key = checkpoint_split(cfg, file_sha256(checkpoint), split)  # hashed once per run
+    if settings.base_features is not None and settings.base_features.startswith(BASE_SPLIT_PREFIX):
+        # from here on base_features names the cached file, which load_base_mean reads like any feature file
+        base_split = settings.base_features[len(BASE_SPLIT_PREFIX):]
+        settings.base_features = str(base_split_features(cfg, settings, base_split, key.checkpoint_sha256, log))
+    data = cfg.data
+    cache = FeatureCache(settings.feature_cache_dir, key)
+    images.metadata.update(source=f"{checkpoint} on {data.name}/{split}", checkpoint=str(checkpoint),
+                           checkpoint_sha256=key.checkpoint_sha256)
+    cached = None if settings.refresh_features else cache.load()
+    if cached is not None:
+        log(f"features: reusing the cache {cache.path} (refresh_features=true rebuilds it)")
+        return FeatureRows(), FeatureRowsDataModule(cached), None
+    backbone, hparams = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
+                                                 expected_backbone=settings.backbone)
+    log(f"features: extracting the {split} split of {data.name} ({len(images)} images) with the "
+        f"{hparams.get('backbone')} backbone of {checkpoint}")
+    return BackboneFeatures(backbone), datamodule, cache
+
+
+def checkpoint_split(cfg: DictConfig, checkpoint_sha256: str,
+                     split: str) -> tuple[FewShotDataModule, ImageSplit, FeatureCacheKey]:
+    """The datamodule whose test loop yields ``split`` of ``cfg.data`` (images in order, with their row index),
+    the split itself, and the feature-cache key of (checkpoint content, dataset, split, eval transform)."""
+    data = cfg.data
+
+    class SplitDataModule(FewShotDataModule):
+        """The dataset's ``split`` as the test loop."""
+
+        def test_dataloader(self):  # type: ignore[override]
+            return self._eval_loader(split)
+
+    datamodule = SplitDataModule(
+        str(data.name), root=data.root, image_size=integer(data.image_size, "data.image_size", 1),
+        eval_batch_size=integer(data.eval_batch_size, "data.eval_batch_size", 1), num_workers=integer(data.num_workers, "data.num_workers", 0),
+        normalize=_data_mapping(data, "normalize"), eval_resize=float(positive(data.eval_resize, "data.eval_resize")),
+        options=_data_mapping(data, "options") or {},
+    )
+    images = datamodule.split(split)
+    if len(images) == 0:
+        raise FeatureError(f"{data.name}: the {split} split is empty; check data.root and split=")
+    transform = eval_transform(datamodule.image_size, datamodule.in_channels, datamodule.normalize,
+                               from_files=not datamodule.info.in_memory, resize_factor=datamodule.eval_resize)
+    key = FeatureCacheKey(
+        checkpoint_sha256=checkpoint_sha256, dataset=str(data.name),
+        root=str(Path(str(data.root)).expanduser().resolve()) if data.root else "",
+        options=json.dumps(to_container(data.options) if data.options else {}, sort_keys=True), split=split,
+        transform=repr(transform),
+    )
+    return datamodule, images, key
+
+
+def base_split_features(cfg: DictConfig, settings: EvaluationSettings, split: str, checkpoint_sha256: str,
+                        log: Callable[[str], None] = print) -> Path:
+    """Features of the base classes (``split`` of ``cfg.data``) from the checkpoint's backbone, for CL2N.
+
+    SimpleShot (Wang et al. 2019) centres features on the mean of the base classes the backbone was trained on;
+    this extracts that split once, through the same ``Trainer.test`` loop as the evaluated split, into the
+    feature cache under the same key rules, and returns the cache file.
+    """
+    checkpoint = settings.checkpoint
+    assert checkpoint is not None
+    datamodule, images, key = checkpoint_split(cfg, checkpoint_sha256, split)
+    cache = FeatureCache(settings.feature_cache_dir, key)
+    if not settings.refresh_features and cache.load() is not None:
+        log(f"base features: reusing the cache {cache.path}")
+        return cache.path
+    backbone, _ = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
+                                           expected_backbone=settings.backbone)
+    log(f"base features: extracting the {split} split of {cfg.data.name} ({len(images)} images) for CL2N")
+    feature_set = extract_split(BackboneFeatures(backbone), datamodule, split, settings)
+    feature_set.metadata.update(source=f"{checkpoint} on {cfg.data.name}/{split}", checkpoint=str(checkpoint),
+                                checkpoint_sha256=key.checkpoint_sha256)
+    feature_set.check_finite(f"base features of {cfg.data.name}/{split} from {checkpoint}")
+    return cache.store(feature_set)
+
+
+def _data_mapping(data: DictConfig, key: str) -> dict[str, Any] | None:
+    """``data.<key>``: a mapping or null (an empty mapping counts as null)."""
+    return mapping(data[key], f"data.{key}", example=f"data.{key}={{mean: [0.5], std: [0.5]}}") or None
+
+
+def extract_split(module: BackboneFeatures, datamodule: FewShotDataModule, split: str,
+                  settings: EvaluationSettings) -> FeatureSet:
+    """Features of ``split`` (the test loop of ``datamodule``) through ``module``, on one device."""
+    collector = FeatureCollector(split)
+    options = {k: v for k, v in settings.trainer.items() if k in ("accelerator", "precision")}
+    trainer = build_trainer(options, devices=1, logger=False, callbacks=[collector], enable_checkpointing=False,
+                            enable_progress_bar=settings.progress, enable_model_summary=False,
+                            default_root_dir=str(settings.output_dir))
+    trainer.test(module, datamodule=datamodule, verbose=False)
+    assert collector.feature_set is not None
+    return collector.feature_set

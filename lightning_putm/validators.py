@@ -1,0 +1,99 @@
+"""Typed checks of single config values, shared by every job.
+
+Each check returns the value in its Python type or raises :class:`~lightning_putm.errors.ConfigError` with a
+message naming the key, so ``evaluate.py`` and ``train_backbone.py`` word the same mistake the same way.
+Strings are never coerced (``bool("no")`` is True; ``int("5")`` would hide a quoting mistake).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from lightning_putm.errors import ConfigError
+
+BALANCED = "balanced"
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float, never a bool."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def integer(value: Any, key: str, low: int) -> int:
+    """An integer ``>= low``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"`{key}` must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def positive(value: Any, key: str, integer: bool = False) -> Any:
+    """A positive number (or integer)."""
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind) or value <= 0 or not math.isfinite(value):
+        raise ConfigError(f"`{key}` must be a positive {'integer' if integer else 'number'}, got {value!r}")
+    return value
+
+
+def number(value: Any, key: str, low: float = 0.0) -> float:
+    """A finite number ``>= low``."""
+    if not is_number(value) or value < low:
+        raise ConfigError(f"`{key}` must be a number >= {low:g}, got {value!r}")
+    return float(value)
+
+
+def flag(value: Any, key: str) -> bool:
+    """A true/false setting."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"`{key}` must be true or false, got {value!r}")
+    return value
+
+
+def path(value: Any, key: str) -> Path:
+    """A non-empty path."""
+    if value is None or isinstance(value, (bool, int, float, ListConfig, DictConfig)) or not str(value).strip():
+        raise ConfigError(f"`{key}` must be a path, got {value!r}")
+    return Path(str(value))
+
+
+def mapping(value: Any, key: str, example: str | None = None) -> dict[str, Any]:
+    """An optional group of settings (``null`` or a mapping) as a plain dict."""
+    if value is None:
+        return {}
+    if not OmegaConf.is_dict(value) and not isinstance(value, dict):
+        hint = example or f"{key}.<name>=value"
+        raise ConfigError(f"`{key}` must be a mapping of settings (e.g. {hint}) or null, got {value!r}")
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_dict(value) else dict(value)
+
+
+def as_list(value: Any) -> list[Any]:
+    """A list value, or a single value as a one-element list (``shots=1`` means ``shots=[1]``)."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple, ListConfig)):
+        return list(value)
+    return [value]
+
+
+def parse_alpha(value: Any, key: str = "alphas") -> float | None:
+    """A Dirichlet α (finite, > 0) or ``balanced`` → ``None``; numbers written as text are accepted."""
+    if isinstance(value, str) and value.strip().lower() == BALANCED:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: {value!r} is neither a positive number nor `balanced`")
+    if not isinstance(value, (int, float)):
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: {value!r} is neither a positive number nor `balanced`") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(f"{key}: Dirichlet alpha must be > 0 (or `balanced`), got {value!r}")
+    return float(value)
+
+
+def alpha_label(alpha: float | None) -> str:
+    """How an α is written in tables and files: ``balanced`` or ``%g``."""
+    return BALANCED if alpha is None else f"{alpha:g}"
