@@ -17,11 +17,10 @@ from lightning_putm.jobs.evaluate import run_evaluate
 
 
 def main(argv: list[str]) -> None:
-    """Evaluate few-shot methods on episodes. Usage: python evaluate.py [key=value ...]
-    Keys: see conf/evaluate.yaml (features, methods, ways, shots, queries, alphas, tasks, seed, device,
-    output_dir, ...) and conf/method/<name>.yaml (as method.<name>.<key>=value)."""
+    """Evaluate few-shot methods (PUTM and its peers) on balanced and Dirichlet-imbalanced episodes, from a
+    backbone checkpoint, a feature file or the built-in demo data; every run gets its own folder."""
     run_evaluate(argv)
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(run_cli(main, job="evaluate"))

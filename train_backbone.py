@@ -15,12 +15,10 @@ from lightning_putm.jobs.train import run_train_backbone
 
 
 def main(argv: list[str]) -> None:
-    """Pretrain a backbone with S2M2. Usage: python train_backbone.py [key=value ...]
-    Keys: see conf/train_backbone.yaml (data, backbone, stages, resume, init_from, logger, seed, lr, ...),
-    conf/data/<name>.yaml as data.<key>=value, conf/backbone/<name>.yaml as backbone.<key>=value, and any
-    pytorch_lightning.Trainer argument as trainer.<name>=value (devices, strategy, precision, max_epochs, ...)."""
+    """Pretrain a backbone with S2M2 (rotation, then manifold mixup + rotation) or a plain classifier; every run
+    gets its own checkpoint folder (<checkpoint_dir>/<dataset>/<backbone>/<run>/<stage>/{best,last}.ckpt)."""
     run_train_backbone(argv)
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(run_cli(main, job="train_backbone"))

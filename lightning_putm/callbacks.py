@@ -30,6 +30,10 @@ from lightning_putm.evaluation.runner import SettingResult, evaluate_features, s
 from lightning_putm.evaluation.settings import EvaluationSettings
 from lightning_putm.extraction import FeatureCache
 from lightning_putm.feature_modules import FeatureCollector
+from lightning_putm.runs import remove_stale
+
+#: What an evaluation writes into its folder (a re-run into the same folder removes what it did not rewrite).
+MANAGED_FILES = ("results.csv", "per_task.csv", "config.yaml", "plots/*.png", "plots/*.pdf", "plots/*.svg")
 
 
 class FewShotEvaluationCallback(FeatureCollector):
@@ -131,6 +135,8 @@ class FewShotEvaluationCallback(FeatureCollector):
         self.paths = write_report(results, output_dir, self.config_yaml_with_provenance(results), self.provenance)
         figures = make_plots(results, feature_set, settings, output_dir / "plots", self.plot_task, say) if self.plots else {}
         self.paths.update({f"plot_{k}": v for k, v in figures.items()})
+        # the results of this run replace a previous run's in the same folder whole
+        remove_stale(output_dir, self.paths.values(), MANAGED_FILES)
         log_to_loggers(trainer.loggers, summaries, figures, prefix)
         say(format_table(summaries))
         if any(r.oracle_prior for r in results):

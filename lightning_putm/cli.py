@@ -27,12 +27,35 @@ def user_message(exc: BaseException) -> str:
     return " ".join(text.split()) if "\n" in text else text
 
 
-def run_cli(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None) -> int:
-    """Run ``main(argv)``; print user errors as one line (full traceback with ``debug=true``)."""
-    args = list(sys.argv[1:] if argv is None else argv)
+def normalise_arguments(args: list[str]) -> list[str]:
+    """``--config PATH`` and ``--config=PATH`` mean ``config=PATH`` (the form most tools use)."""
+    out: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--config" and index + 1 < len(args):
+            out.append(f"config={args[index + 1]}")
+            index += 2
+            continue
+        out.append(f"config={arg.split('=', 1)[1]}" if arg.startswith("--config=") else arg)
+        index += 1
+    return out
+
+
+def run_cli(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None, job: str | None = None) -> int:
+    """Run ``main(argv)``; print user errors as one line (full traceback with ``debug=true``).
+
+    ``-h``/``--help`` prints every key of the ``job``'s config with type, default and meaning.
+    """
+    args = normalise_arguments(list(sys.argv[1:] if argv is None else argv))
     debug = any(a.replace(" ", "") in ("debug=true", "debug=True", "debug=1") for a in args)
     if any(a in ("-h", "--help", "help") for a in args):
-        print((main.__doc__ or "").strip())
+        if job is None:
+            print((main.__doc__ or "").strip())
+        else:
+            from lightning_putm.help import job_help  # only for --help: reads every config file
+
+            print(job_help(job, main.__doc__ or ""))
         return 0
     try:
         main(args)
@@ -49,7 +72,7 @@ def run_cli(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None 
             raise
         print(f"error: {user_message(exc)} (check the path, its permissions and the free space)", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # Ctrl-C: 128 + SIGINT, the shell's convention
+        print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return 130
     return 0

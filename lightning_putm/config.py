@@ -179,4 +179,46 @@ def build_trainer(options: dict[str, Any], **job_arguments: Any) -> Any:
         return pl.Trainer(**kwargs)
     except (TypeError, ValueError, ImportError, RuntimeError, MemoryError, MisconfigurationException) as exc:
         # e.g. accelerator=gpu on a CPU machine, accelerator=tpu without torch_xla, devices=10**10
-        raise ConfigError(f"invalid trainer options {options}: {exc}") from exc
+        given = ", ".join(f"{key}={value}" for key, value in options.items())
+        raise ConfigError(f"invalid trainer options ({given}): {' '.join(str(exc).split())}") from exc
+
+
+def changed_keys(defaults: DictConfig, cfg: DictConfig, ignore: Sequence[str] = ()) -> dict[str, Any]:
+    """``{dotted key: value}`` of every leaf of ``cfg`` that differs from ``defaults`` (new keys included)."""
+    def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(node, dict):
+            flat: dict[str, Any] = {}
+            for key, value in node.items():
+                flat.update(flatten(value, f"{prefix}{key}."))
+            return flat
+        return {prefix[:-1]: node}
+
+    before, after = flatten(to_container(defaults)), flatten(to_container(cfg))
+    return {k: v for k, v in after.items() if k not in ignore and before.get(k, object()) != v}
+
+
+#: Keys a saved ``config.yaml`` holds that are a record, not a setting.
+RECORD_ONLY_KEYS = ("provenance",)
+
+
+def load_saved_config(path: str | Path, defaults: DictConfig) -> DictConfig:
+    """A run's saved ``config.yaml`` merged over ``defaults`` (so re-running an older record gets new keys'
+    defaults); a key the current schema does not know is an error naming it."""
+    saved = load_yaml(Path(path))
+    for key in RECORD_ONLY_KEYS:
+        saved.pop(key, None)
+
+    def walk(node: Any, prefix: str) -> None:
+        for key, value in node.items():
+            dotted = f"{prefix}{key}"
+            if prefix.startswith(("trainer.",)) or dotted == "trainer":
+                continue  # any Trainer argument is allowed there
+            try:
+                _check_key(defaults, dotted)
+            except ConfigError as exc:
+                raise ConfigError(f"{path}: {exc}") from None
+            if isinstance(value, DictConfig) and not dotted.startswith(("method.", "data", "backbone")):
+                walk(value, dotted + ".")
+
+    walk(saved, "")
+    return OmegaConf.merge(defaults, saved)

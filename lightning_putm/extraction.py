@@ -92,7 +92,7 @@ def load_checkpoint_backbone(path: str | Path, in_channels: int | None = None,
     path = Path(path)
     if not path.is_file():
         raise DataError(f"checkpoint not found: {path}; pass checkpoint=PATH to a .ckpt written by "
-                        "train_backbone.py (e.g. checkpoints/digits/conv4/s2m2r/best.ckpt)")
+                        "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
     try:
         module = load_module(path)
     except DataError:

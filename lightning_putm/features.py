@@ -124,6 +124,7 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
             torch.save(obj, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, default_file_mode())  # mkstemp makes 0600; a checkpoint or cache is as readable as any file
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -131,6 +132,13 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
         raise
     _fsync_folder(path.parent)
     remove_stale_temps(path)
+
+
+def default_file_mode() -> int:
+    """The mode ``open()`` would give a new file under the current umask (0644 under the usual 022)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -8,10 +8,15 @@ into our logs.
 
 from __future__ import annotations
 
+import csv
 import netrc
 import os
 from pathlib import Path
 from typing import Any, Callable
+
+from pytorch_lightning.loggers import CSVLogger
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
+from pytorch_lightning.loggers.logger import rank_zero_experiment
 
 from lightning_putm.errors import ConfigError
 
@@ -50,11 +55,15 @@ def resolve_wandb_mode(configured: str | None, log: Callable[[str], None] = prin
 
 
 def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: str,
-                 log: Callable[[str], None] = print, csv_name: str = "csv_logs") -> Any:
+                 log: Callable[[str], None] = print, csv_name: str = "csv_logs", csv_version: str | int | None = None,
+                 job_type: str | None = None, group: str | None = None, config: dict[str, Any] | None = None) -> Any:
     """A Lightning logger (or ``False``) for either job: ``auto`` (W&B when installed), ``wandb``, ``csv``, ``none``.
 
-    A W&B run is started at once, so a missing key or an unreachable server is a :class:`ConfigError` before any
-    work; ``options`` holds ``project``, ``entity``, ``name`` (default ``run_name``) and ``mode``.
+    CSV logs go to ``save_dir/csv_name/csv_version``. A W&B run is started at once, so a missing key or an
+    unreachable server is a :class:`ConfigError` before any work. W&B conventions: the run folder is
+    ``<wandb.dir>/wandb`` (default ``./wandb``, where a bare ``wandb sync`` looks), the run is named ``run_name``
+    unless ``wandb.name`` is set, ``group``/``job_type`` put the runs of one pretraining or study together, and
+    the full resolved ``config`` is the run's config (filter and group runs by any key).
     """
     if kind not in LOGGERS:
         raise ConfigError(f"logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
@@ -64,18 +73,22 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
         return False
     save_dir.mkdir(parents=True, exist_ok=True)
     if kind == "csv":
-        from pytorch_lightning.loggers import CSVLogger
-
-        return CSVLogger(save_dir=str(save_dir), name=csv_name)
+        return ResumableCSVLogger(save_dir=str(save_dir), name=csv_name, version=csv_version)
     if not wandb_available():
         raise ConfigError("logger=wandb but the wandb package cannot be imported; `pip install wandb` or use logger=none")
     from pytorch_lightning.loggers import WandbLogger
 
+    wandb_dir = Path(str(options.get("dir") or "."))
+    wandb_dir.mkdir(parents=True, exist_ok=True)
     kwargs: dict[str, Any] = {"project": options.get("project") or "lightning-putm", "name": options.get("name") or run_name,
-                              "save_dir": str(save_dir), "mode": resolve_wandb_mode(options.get("mode"), log)}
-    if options.get("entity"):
-        kwargs["entity"] = options["entity"]
+                              "save_dir": str(wandb_dir), "mode": resolve_wandb_mode(options.get("mode"), log)}
+    for key, value in (("entity", options.get("entity")), ("group", options.get("group") or group),
+                       ("job_type", job_type), ("config", config)):
+        if value:
+            kwargs[key] = value
     logger = WandbLogger(**kwargs)
+    # Lightning passes anonymous=None, which W&B answers with a deprecation warning on every run
+    getattr(logger, "_wandb_init", {}).pop("anonymous", None)
     try:
         logger.experiment  # noqa: B018 - start the run now so problems surface before any work
     except Exception as exc:
@@ -88,3 +101,24 @@ def finish_logger(logger: Any, rank_zero: bool = True) -> None:
     """Close a W&B run (a run left open would swallow the next run's logs in this process)."""
     if rank_zero and type(logger).__name__ == "WandbLogger":
         logger.experiment.finish()
+
+
+class AppendingExperimentWriter(ExperimentWriter):
+    """Lightning's CSV writer, except that an existing ``metrics.csv`` is continued, not deleted (a resumed run)."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as handle:
+                self.metrics_keys = next(csv.reader(handle), [])
+
+
+class ResumableCSVLogger(CSVLogger):
+    """A CSV logger whose fixed ``version`` folder a resumed run appends to (one log folder per run and stage)."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> AppendingExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = AppendingExperimentWriter(log_dir=self.log_dir)
+        return self._experiment

@@ -86,7 +86,10 @@ class S2M2Module(pl.LightningModule):
         class_gain: bool = True,
         seed: int = 0,
         ncm_normalise: str = "none",
+        data_config: dict[str, Any] | None = None,
     ) -> None:
+        """``data_config`` records the data the backbone was trained on (dataset, root, reader options, image
+        size, normalisation), so ``evaluate.py checkpoint=...`` evaluates it on the same kind of data."""
         super().__init__()
         if stage not in STAGES:
             raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")

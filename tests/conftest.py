@@ -52,4 +52,4 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
                             "val_episodes.tasks=5", "run_test=false", f"checkpoint_dir={folder}"], log=lambda _: None)
     finally:
         torch.set_num_threads(threads)
-    return folder / "digits" / "conv4" / "classifier" / "last.ckpt"
+    return folder / "digits" / "conv4" / "latest" / "classifier" / "last.ckpt"

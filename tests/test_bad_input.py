@@ -163,7 +163,7 @@ EVALUATE_CONFIG_CASES = [
     ("tasks=1000000000000000", r"do not fit in memory.*lower `tasks`"),
     # files that do not exist
     ("features=/no/such/file.pt", r"feature file not found: /no/such/file.pt; check the `features=` path"),
-    ("base_features=/no/such/base.pt", r"feature file not found: /no/such/base.pt"),
+    ("base_features=/no/such/base.pt", r"base_features: file not found: /no/such/base.pt"),
     ("checkpoint=/no/such.ckpt", r"checkpoint not found: /no/such.ckpt"),
     ("checkpoint=/no/such.ckpt features=/x.pt", r"either features=<file> or checkpoint=<ckpt>, not both"),
 ]
@@ -243,7 +243,7 @@ TRAIN_CONFIG_CASES = [
     ("backbone=resnet12 backbone.widths=8", r"`backbone.widths` must be a list like"),
     ("backbone=resnet18 backbone.small_input=maybe", r"`backbone.small_input` must be true or false"),
     ("init_from=/no/such.ckpt", r"init_from=/no/such.ckpt does not exist; pass an existing checkpoint"),
-    ("resume=true", r"resume=true but there is no .*last.ckpt to resume from; run without resume=true"),
+    ("resume=true", r"resume=true but there is no .*digits/conv4/latest to resume from; run without resume=true"),
     ("stages=${oops}", r"cannot resolve an interpolation"),
     ("trainer.max_epochs=${nope}", r"cannot resolve an interpolation"),
     ("lr=[1", r"cannot parse the value of lr"),
@@ -316,9 +316,10 @@ def test_missing_or_empty_data_roots(tmp_path: Path, dataset: str, pattern: str)
 
 
 def test_data_root_errors_of_checkpoint_evaluation(tmp_path: Path, tiny_checkpoint: Path) -> None:
-    evaluate_error(tmp_path, [f"checkpoint={tiny_checkpoint}", "data=cub"], r"cub: no data root given",
+    evaluate_error(tmp_path, [f"checkpoint={tiny_checkpoint}", "data=cub", "force_data=true"], r"cub: no data root given",
                    "checkpoint=<ckpt> data=cub (no root)")
-    evaluate_error(tmp_path, [f"checkpoint={tiny_checkpoint}", "data=cub", f"data.root={empty_dir(tmp_path)}"],
+    evaluate_error(tmp_path, [f"checkpoint={tiny_checkpoint}", "data=cub", "force_data=true",
+                              f"data.root={empty_dir(tmp_path)}"],
                    r"expected the images/ folder", "checkpoint=<ckpt> data=cub data.root=<empty folder>")
 
 
@@ -527,12 +528,13 @@ def test_bad_checkpoints_for_init_from_resume_and_loading(tmp_path: Path, tiny_c
     # resume=true with a last.ckpt that cannot be resumed
     for name in ("random bytes", "a wider Conv-4 checkpoint", "a ResNet-12 checkpoint", "a feature file"):
         folder = tmp_path / f"resume_{name.replace(' ', '_')}"
-        last = folder / "digits" / "conv4" / "classifier" / "last.ckpt"
+        last = folder / "digits" / "conv4" / "planted" / "classifier" / "last.ckpt"
         last.parent.mkdir(parents=True)
         last.write_bytes(files[name].read_bytes())
         pattern = READ_PATTERN if name in unreadable else (
             r"cannot resume from .*(not a training checkpoint|does not match).*run without resume=true")
-        expect_error("train_backbone", [*FAST_TRAIN, "stages=[classifier]", f"checkpoint_dir={folder}", "resume=true"],
+        expect_error("train_backbone", [*FAST_TRAIN, "stages=[classifier]", f"checkpoint_dir={folder}", "resume=true",
+                                        "run=planted"],
                      pattern, f"resume=true with last.ckpt = {name}")
     # the library entry points give the same clear errors
     for name, path in files.items():

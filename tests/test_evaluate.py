@@ -117,8 +117,14 @@ def test_script_reports_user_errors_without_traceback():
 def test_script_runs_the_demo(tmp_path):
     result = run_script("tasks=2", "shots=[1]", "progress=false", f"output_dir={tmp_path}", *FAST_PUTM)
     assert result.returncode == 0, result.stderr
-    assert "effective config" in result.stdout and "simpleshot" in result.stdout
+    # quiet by default: one line of what runs and the keys that differ from the defaults, not the whole config
+    assert "effective config" not in result.stdout and "evaluate: putm, simpleshot" in result.stdout
+    assert "settings changed from the defaults: " in result.stdout and "tasks=2" in result.stdout
+    assert "method.ptmap" not in result.stdout and "method.putm.em_steps=" in result.stdout
     assert len(read_csv(tmp_path / "per_task.csv")) == 2 * 2 * 2  # 2 methods x 2 alphas x 2 tasks
+    assert "method:" in (tmp_path / "config.yaml").read_text()  # the whole effective config goes to the run folder
+    verbose = run_script("tasks=2", "shots=[1]", "progress=false", f"output_dir={tmp_path}", *FAST_PUTM, "verbose=true")
+    assert verbose.returncode == 0 and "effective config" in verbose.stdout
 
 
 def test_sigterm_stops_a_long_evaluation_promptly(tmp_path):

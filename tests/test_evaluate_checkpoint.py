@@ -18,7 +18,7 @@ from lightning_putm.feature_modules import BackboneFeatures
 from lightning_putm.features import load_features
 from lightning_putm.pretrain import S2M2Module
 from lightning_putm.jobs.train import run_train_backbone
-from wandb_records import history, offline_run, table
+from wandb_records import history, offline_run, run_record, table
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -47,9 +47,10 @@ def evaluate(checkpoint: Path, tmp_path: Path, *extra: str) -> tuple[list, list[
     return results, lines
 
 
-def test_checkpoint_evaluation_logs_to_wandb_offline_and_writes_csv_and_plots(checkpoint, tmp_path, monkeypatch):
+def test_checkpoint_evaluation_logs_to_wandb_offline_and_writes_csv_and_plots(checkpoint, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("WANDB_MODE", "offline")
-    results, lines = evaluate(checkpoint, tmp_path, "alphas=[1,4,balanced]", "logger=wandb")
+    results, lines = evaluate(checkpoint, tmp_path, "alphas=[1,4,balanced]", "logger=wandb", f"wandb.dir={tmp_path}",
+                              "wandb.group=study-1", "method.putm.rho=0.7")
     out = tmp_path / "out"
     summary = read_csv(out / "results.csv")
     per_task = read_csv(out / "per_task.csv")
@@ -59,7 +60,14 @@ def test_checkpoint_evaluation_logs_to_wandb_offline_and_writes_csv_and_plots(ch
         (m, a, str(t)) for m in ("putm", "simpleshot") for a in ("1", "4", "balanced") for t in range(4)}
     assert any("extracting the test split of digits" in line for line in lines)
 
-    run = offline_run(out)
+    run = offline_run(tmp_path)  # W&B's own folder convention: <wandb.dir>/wandb, not inside the results folder
+    assert not (out / "wandb").exists()
+    record = run_record(run)
+    assert record["job_type"] == "evaluate" and record["group"] == "study-1"
+    assert record["display_name"].startswith("last-") and len(record["display_name"]) > len("last-")  # name + time
+    assert record["config"]["method"]["putm"]["rho"] == 0.7  # the full resolved config: filter runs by any key
+    assert record["config"]["methods"] == ["putm", "simpleshot"] and record["config"]["output_dir"] == str(out)
+    assert "anonymous setting has no effect" not in capfd.readouterr().err  # no warning caused by our settings
     logged: dict[str, float] = {}
     for row in history(run):
         logged.update({k: v for k, v in row.items() if k.startswith("fewshot/") and isinstance(v, (int, float))})

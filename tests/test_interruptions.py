@@ -224,7 +224,7 @@ def kill_and_resume(tmp_path: Path, args: list[str], stages: list[str], kills: i
     """Run ``train_backbone.py`` until it finishes, SIGKILLing the first ``kills`` attempts at random points."""
     rng = random.Random(seed)
     folder = tmp_path / "interrupted"
-    stage_dirs = [folder / "digits" / "conv4" / stage for stage in stages]
+    stage_dirs = [folder / "digits" / "conv4" / "latest" / stage for stage in stages]
     common = [*args, f"checkpoint_dir={folder}", "trainer.enable_progress_bar=true"]
     resumed = 0
     for attempt in range(kills + 1):  # the last attempt runs to the end
@@ -269,8 +269,8 @@ def kill_and_resume(tmp_path: Path, args: list[str], stages: list[str], kills: i
 def assert_same_training_state(reference: Path, interrupted: Path, stages: list[str]) -> None:
     for stage in stages:
         for name in ("last.ckpt", "best.ckpt"):
-            a = read_checkpoint(reference / "digits" / "conv4" / stage / name)
-            b = read_checkpoint(interrupted / "digits" / "conv4" / stage / name)
+            a = read_checkpoint(reference / "digits" / "conv4" / "latest" / stage / name)
+            b = read_checkpoint(interrupted / "digits" / "conv4" / "latest" / stage / name)
             assert (a["epoch"], a["global_step"]) == (b["epoch"], b["global_step"]), (stage, name)
             assert a["state_dict"].keys() == b["state_dict"].keys()
             different = [k for k in a["state_dict"] if not torch.equal(a["state_dict"][k], b["state_dict"][k])]

@@ -3,7 +3,8 @@
 Every test checks a property that a wrong implementation would break: valid probabilities for odd shapes
 and empty classes, near-perfect accuracy on well-separated data, PT-MAP's transport marginals, TIM's
 decreasing objective, α-TIM → TIM as α → 1, BD-CSPN's N prototypes with an empty class, LaplacianShot's
-non-increasing energy, and identical results alone or inside a batch.
+non-increasing energy (symmetric option), and identical results alone or inside a batch. BD-CSPN's and
+LaplacianShot's benchmark defaults are checked in test_peer_fidelity.py.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from lightning_putm.methods.simpleshot import SimpleShot
 from lightning_putm.methods.tim import TIMGD, AlphaTIM, shannon_entropy, tsallis_entropy
 from lightning_putm.tasks import TaskBatch
 
-PEERS = ["protonet", "simpleshot", "ptmap", "tim", "alpha_tim", "bdcspn", "laplacianshot"]
+PEERS = ["protonet", "simpleshot", "ptmap", "tim", "alpha_tim", "bdcspn", "laplacianshot", "bavardage"]
 #: fewer Adam steps where the property does not need the paper's 1000 (keeps the suite fast on CPU)
 FAST = {"tim": {"iterations": 150}, "alpha_tim": {"iterations": 150}}
 
@@ -218,19 +219,25 @@ def test_tim_loss_weights_by_setting_unless_set() -> None:
 
 
 # ----------------------------------------------------------------------------------------- BD-CSPN
-def test_bdcspn_keeps_n_prototypes_when_a_class_gets_no_query() -> None:
+@pytest.mark.parametrize("variant", ["benchmark", "paper"])
+def test_bdcspn_keeps_n_prototypes_when_a_class_gets_no_query(variant: str) -> None:
     # class 4 has no query and its support sits far from every query, so nothing is predicted into it
     tasks, labels = make_tasks([[20, 20, 20, 15, 0], [40, 0, 20, 15, 0]], spread=0.2, seed=6)
     tasks.support[:, 4] = 0.0
     tasks.support[:, 4, :3] = 50.0
-    method = BDCSPN()
+    method = BDCSPN(variant=variant)
     probs = method.predict(tasks)
     prototypes = method.last_state["prototypes"]
     assert prototypes.shape == (2, 5, tasks.dim) and torch.isfinite(prototypes).all()
     assert not (probs.argmax(2) == 4).any()
-    # the empty class keeps the prototype of its own (normalised) support row
+    # the empty class keeps the direction of its own (normalised) support row: the row itself in the paper
+    # variant, the row times its softmax-over-classes weight in the benchmark variant
     support = cl2n(tasks.support, None)
-    torch.testing.assert_close(prototypes[:, 4], support[:, 4])
+    if variant == "paper":
+        torch.testing.assert_close(prototypes[:, 4], support[:, 4])
+    else:
+        assert method.last_state["rows_per_class"][:, 4].tolist() == [1, 1]
+        torch.testing.assert_close(cosine(prototypes[:, 4:], support[:, 4:])[:, 0, 0], torch.ones(2))
     # and classes with queries were rectified by them (prototypes moved off the support rows)
     similarity = cosine(prototypes, support).diagonal(dim1=1, dim2=2)
     has_queries = torch.tensor([[True, True, True, True, False], [True, False, True, True, False]])
@@ -238,15 +245,26 @@ def test_bdcspn_keeps_n_prototypes_when_a_class_gets_no_query() -> None:
     assert (probs.argmax(2) == labels).double().mean() > 0.95
 
 
-def test_bdcspn_top_z_limits_the_queries_per_class() -> None:
+@pytest.mark.parametrize("variant", ["benchmark", "paper"])
+def test_bdcspn_top_z_limits_the_queries_per_class(variant: str) -> None:
     tasks, _ = make_tasks([[15] * 5], spread=0.5, seed=7)
-    zero = BDCSPN(top_z=0)
+    zero = BDCSPN(variant=variant, top_z=0)
     zero.predict(tasks)
     support = cl2n(tasks.support, None)
-    torch.testing.assert_close(zero.last_state["prototypes"], support)  # 1-shot, no query added
-    full = BDCSPN(top_z=None)
+    if variant == "paper":
+        torch.testing.assert_close(zero.last_state["prototypes"], support)  # 1-shot, no query added
+    else:  # only the support rows, each weighted by its softmax over classes
+        assert zero.last_state["rows_per_class"].tolist() == [[1] * 5]
+        torch.testing.assert_close(cosine(zero.last_state["prototypes"], support).diagonal(dim1=1, dim2=2),
+                                   torch.ones(1, 5))
+    full = BDCSPN(variant=variant, top_z=None)
     full.predict(tasks)
-    assert not torch.allclose(full.last_state["prototypes"], support)
+    assert not torch.allclose(full.last_state["prototypes"], zero.last_state["prototypes"])
+    if variant == "benchmark":
+        two = BDCSPN(variant=variant, top_z=2)
+        two.predict(tasks)
+        assert (two.last_state["rows_per_class"] <= 3).all()  # its support row + at most 2 queries
+        assert (full.last_state["rows_per_class"] > 3).any()
 
 
 # ----------------------------------------------------------------------------------------- LaplacianShot
@@ -254,7 +272,9 @@ def test_bdcspn_top_z_limits_the_queries_per_class() -> None:
 def test_laplacianshot_energy_does_not_increase(lmd: float, knn: int) -> None:
     tasks, _ = make_tasks([[30, 0, 20, 15, 10], [15] * 5, [1, 2, 3, 4, 65], [10, 10, 25, 0, 30]],
                           spread=1.2, seed=8)
-    method = LaplacianShot(shots=1, balanced=False, lmd=lmd, knn=knn, iterations=30, tol=0.0)
+    # the bound-optimisation guarantee belongs to the symmetric affinity with the λ/2 energy (not the default)
+    method = LaplacianShot(shots=1, balanced=False, lmd=lmd, knn=knn, iterations=30, tol=0.0, affinity="symmetric",
+                           energy="half")
     method.predict(tasks)
     energy = method.last_state["energy"]  # [updates + 1, T], float64
     assert energy.shape == (31, 4)
@@ -276,20 +296,22 @@ def test_laplacianshot_stops_when_the_energy_stops_changing() -> None:
 
 def test_laplacianshot_fixed_point_is_a_stationary_point_of_its_energy() -> None:
     # the update and the energy must belong together: at a fixed point Y = softmax(-a + lmd W Y) the energy's
-    # gradient is constant across classes in every row (zero on the simplex's tangent space)
+    # gradient is constant across classes in every row (zero on the simplex's tangent space). This holds for the
+    # symmetric affinity with the λ/2 energy, the non-default options
     tasks, _ = make_tasks([[30, 0, 20, 15, 10], [15] * 5], spread=1.2, seed=10)
-    method = LaplacianShot(shots=1, balanced=False, lmd=0.7, iterations=300, tol=0.0)
+    method = LaplacianShot(shots=1, balanced=False, lmd=0.7, iterations=300, tol=0.0, affinity="symmetric",
+                           energy="half")
     method.predict(tasks)
     state = method.last_state
     y = state["assignments"].clone().requires_grad_(True)
-    (gradient,) = torch.autograd.grad(laplacian_energy(y, state["unary"], state["affinity"], 0.7).sum(), y)
+    (gradient,) = torch.autograd.grad(laplacian_energy(y, state["unary"], state["affinity"], 0.7, 0.5).sum(), y)
     tangent = gradient - gradient.mean(2, keepdim=True)
     assert tangent.abs().max() < 1e-6
 
 
-def test_knn_affinity_is_symmetric_with_k_minus_one_neighbours() -> None:
+def test_knn_affinity_symmetric_option_with_k_minus_one_neighbours() -> None:
     x = torch.tensor([[[0.0], [1.0], [3.0], [10.0]]])
-    a = knn_affinity(x, knn=2)  # each point links to its single nearest other point
+    a = knn_affinity(x, knn=2, symmetric=True)  # each point links to its single nearest other point
     expected = torch.zeros(4, 4)
     for i, j in [(0, 1), (1, 0), (2, 1), (3, 2)]:
         expected[i, j] += 0.5

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
+from wandb_records import run_record
 
 from lightning_putm.checkpoints import AtomicCheckpointIO, read_checkpoint
 from lightning_putm.cli import run_cli
@@ -119,11 +120,12 @@ def test_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
                       "run_test=false", "data.augment.crop_padding=1"]
     run_train_backbone(common + [f"checkpoint_dir={tmp_path / 'a'}", "trainer.max_epochs=3"], log=quiet)
     run_train_backbone(common + [f"checkpoint_dir={tmp_path / 'b'}", "trainer.max_epochs=1"], log=quiet)
-    interrupted = read_checkpoint(tmp_path / "b/digits/conv4/s2m2r/last.ckpt")
+    interrupted = read_checkpoint(tmp_path / "b/digits/conv4/latest/s2m2r/last.ckpt")
     assert interrupted["global_step"] == 3
     run_train_backbone(common + [f"checkpoint_dir={tmp_path / 'b'}", "trainer.max_epochs=3", "resume=true"], log=quiet)
-    a = read_checkpoint(tmp_path / "a/digits/conv4/s2m2r/last.ckpt")
-    b = read_checkpoint(tmp_path / "b/digits/conv4/s2m2r/last.ckpt")
+    a = read_checkpoint(tmp_path / "a/digits/conv4/latest/s2m2r/last.ckpt")
+    b = read_checkpoint(tmp_path / "b/digits/conv4/latest/s2m2r/last.ckpt")
+    assert len(list((tmp_path / "b/digits/conv4").iterdir())) == 2  # resume continued the run: one folder + latest
     assert a["global_step"] == b["global_step"] == 9 and a["epoch"] == b["epoch"] == 2
     assert a["state_dict"].keys() == b["state_dict"].keys()
     for key in a["state_dict"]:
@@ -135,8 +137,11 @@ def test_resume_equals_an_uninterrupted_run(tmp_path: Path) -> None:
 
 
 def test_resume_without_a_last_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(DataError, match="resume=true but there is no .*last.ckpt"):
+    with pytest.raises(DataError, match="resume=true but there is no .*digits/conv4/latest to resume from"):
         run_train_backbone(QUIET + [f"checkpoint_dir={tmp_path}", "resume=true"], log=quiet)
+    with pytest.raises(DataError, match="resume=true but there is no .*mine/rotation/last.ckpt"):
+        run_train_backbone(QUIET + [f"checkpoint_dir={tmp_path}", "resume=true", "run=mine"], log=quiet)
+    assert not (tmp_path / "digits").exists()  # nothing created before the error
 
 
 # ------------------------------------------------------------------------------------------- stages and CLI
@@ -145,11 +150,13 @@ def test_two_stages_chain_and_write_loadable_checkpoints(tmp_path: Path, capsys)
     args = QUIET + [f"checkpoint_dir={tmp_path}", "trainer.max_epochs=1", "trainer.limit_train_batches=2"]
     assert run_cli(main, args) == 0
     out = capsys.readouterr().out
-    rotation, s2m2r = tmp_path / "digits/conv4/rotation", tmp_path / "digits/conv4/s2m2r"
+    run = (tmp_path / "digits/conv4/latest").resolve()  # <checkpoint_dir>/<dataset>/<backbone>/<run>
+    rotation, s2m2r = run / "rotation", run / "s2m2r"
     assert f"[s2m2r] starting from {rotation / 'best.ckpt'}" in out
     assert f"last checkpoint {s2m2r / 'last.ckpt'}" in out and "test: 5-way 1-shot" in out
     for folder in (rotation, s2m2r):
         assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "last.ckpt"]
+    assert (run / "config.yaml").is_file()
     backbone = load_backbone(s2m2r / "last.ckpt")
     assert not backbone.training and backbone(torch.rand(2, 1, 8, 8)).shape == (2, 8)
     # Stage 2 really started from stage 1: its weights before training equal stage 1's best.
@@ -164,7 +171,7 @@ def test_init_from_a_mismatched_checkpoint_is_refused(tmp_path: Path) -> None:
                                 "trainer.limit_train_batches=1", "run_test=false"], log=quiet)
     wider = S2M2Module("conv4", {"width": 16}, in_channels=1, num_classes=5, stage="s2m2r")
     with pytest.raises(DataError, match="does not match this backbone"):
-        init_from_checkpoint(wider, tmp_path / "digits/conv4/classifier/last.ckpt")
+        init_from_checkpoint(wider, tmp_path / "digits/conv4/latest/classifier/last.ckpt")
 
 
 def test_cli_user_errors_exit_with_a_message(capsys) -> None:
@@ -180,9 +187,11 @@ def test_config_overrides_and_strict_keys() -> None:
                              "trainer.max_epochs=7", "trainer.gradient_clip_val=1.5", "trainer.strategy=ddp"])
     assert cfg.data.name == "omniglot" and cfg.data.root == "/x" and cfg.backbone.dropout == 0.3
     settings = settings_from_config(cfg)
-    assert settings.epochs == {"rotation": 7, "s2m2r": 7} and settings.trainer["gradient_clip_val"] == 1.5
+    # Omniglot's recipe trains the classifier stage: its rotations are classes, so rotation stages would contradict
+    assert settings.stages == ["classifier"] and settings.epochs == {"classifier": 7}
+    assert settings.trainer["gradient_clip_val"] == 1.5
     assert settings.backbone == "wrn28_10" and settings.backbone_options["dropout"] == 0.3
-    assert settings.stage_dir("s2m2r") == Path("checkpoints/omniglot/wrn28_10/s2m2r").absolute()
+    assert settings.stage_dir("s2m2r") == Path("checkpoints/omniglot/wrn28_10/latest/s2m2r").absolute()
     auto = settings_from_config(load_train_config(["data=miniimagenet"]))
     assert auto.backbone == "wrn28_10" and auto.epochs == {"rotation": 400, "s2m2r": 100}
     for bad, message in [(["lrate=1"], "unknown config key 'lrate'"),
@@ -247,9 +256,10 @@ def test_two_process_cpu_ddp_writes_a_loadable_checkpoint(tmp_path: Path) -> Non
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "world_size: 2" in done.stderr + done.stdout or "distributed_backend=gloo" in done.stderr + done.stdout
-    checkpoint = read_checkpoint(tmp_path / "digits/conv4/rotation/last.ckpt")
+    checkpoint = read_checkpoint(tmp_path / "digits/conv4/latest/rotation/last.ckpt")
     assert checkpoint["global_step"] == 4 and checkpoint["epoch"] == 1
-    backbone = load_backbone(tmp_path / "digits/conv4/rotation/best.ckpt")
+    assert len([p for p in (tmp_path / "digits/conv4").iterdir() if p.name != "latest"]) == 1  # ranks agreed
+    backbone = load_backbone(tmp_path / "digits/conv4/latest/rotation/best.ckpt")
     assert backbone(torch.rand(3, 1, 8, 8)).shape == (3, 8)
 
 
@@ -259,11 +269,17 @@ def test_wandb_offline_logging_needs_no_key(tmp_path: Path, monkeypatch) -> None
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_SILENT", "true")
     args = [a for a in QUIET if a != "logger=none"] + [
-        "logger=wandb", f"log_dir={tmp_path / 'logs'}", f"checkpoint_dir={tmp_path}", "stages=[classifier]",
+        "logger=wandb", f"log_dir={tmp_path / 'logs'}", f"checkpoint_dir={tmp_path}", f"wandb.dir={tmp_path / 'logs'}",
         "trainer.max_epochs=1", "trainer.limit_train_batches=2", "run_test=false"]
     run_train_backbone(args, log=quiet)
-    runs = list((tmp_path / "logs" / "wandb").glob("offline-run-*"))
-    assert len(runs) == 1 and any(runs[0].glob("*.wandb"))
+    runs = sorted((tmp_path / "logs" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(any(run.glob("*.wandb")) for run in runs)  # one W&B run per stage
+    records = sorted((run_record(run) for run in runs), key=lambda r: r["job_type"])
+    folder = (tmp_path / "digits/conv4/latest").resolve().name
+    # the stages of one pretraining sit together: one group named after the run, job_type = the stage
+    assert [r["job_type"] for r in records] == ["train-rotation", "train-s2m2r"]
+    assert {r["group"] for r in records} == {f"digits-conv4-{folder}"}
+    assert records[0]["config"]["lr"] == 0.001 and records[0]["config"]["data"]["name"] == "digits"
 
 
 @pytest.mark.slow
@@ -274,5 +290,6 @@ def test_demo_without_arguments_trains_and_writes_checkpoints(tmp_path: Path) ->
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     for stage in ("rotation", "s2m2r"):
-        assert (tmp_path / "checkpoints/digits/conv4" / stage / "last.ckpt").is_file()
-    assert f"last checkpoint {tmp_path / 'checkpoints/digits/conv4/s2m2r/last.ckpt'}" in done.stdout
+        assert (tmp_path / "checkpoints/digits/conv4/latest" / stage / "last.ckpt").is_file()
+    run = (tmp_path / "checkpoints/digits/conv4/latest").resolve()
+    assert f"last checkpoint {run / 's2m2r' / 'last.ckpt'}" in done.stdout

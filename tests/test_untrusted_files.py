@@ -177,11 +177,12 @@ def test_malicious_checkpoints_are_refused_everywhere(tmp_path: Path, tiny_check
                        [*FAST_TRAIN, "stages=[classifier]", f"checkpoint_dir={tmp_path / 'ck'}", f"init_from={path}"],
                        r"cannot be loaded safely.*needs code execution")
         resume_dir = tmp_path / f"resume_{where}"
-        last = resume_dir / "digits" / "conv4" / "classifier" / "last.ckpt"
+        last = resume_dir / "digits" / "conv4" / "planted" / "classifier" / "last.ckpt"
         last.parent.mkdir(parents=True, exist_ok=True)
         last.write_bytes(path.read_bytes())
         refused_by_cli(f"train_backbone resume=true with last.ckpt {tag}", marker, "train_backbone",
-                       [*FAST_TRAIN, "stages=[classifier]", f"checkpoint_dir={resume_dir}", "resume=true"],
+                       [*FAST_TRAIN, "stages=[classifier]", f"checkpoint_dir={resume_dir}", "resume=true",
+                        "run=planted"],
                        r"cannot be loaded safely.*needs code execution")
         refused_by_cli(f"evaluate checkpoint= {tag}", marker, "evaluate",
                        [*FAST_EVAL, f"output_dir={tmp_path / 'out'}", f"checkpoint={path}",
@@ -446,4 +447,4 @@ def test_whole_jobs_run_without_any_unsafe_load(tmp_path: Path, tiny_checkpoint:
         for guard in guards:
             guard.stop()
     assert (tmp_path / "e2" / "per_task.csv").read_bytes() == (tmp_path / "e3" / "per_task.csv").read_bytes()
-    assert read_checkpoint(tmp_path / "ck" / "digits" / "conv4" / "s2m2r" / "last.ckpt")["epoch"] == 1
+    assert read_checkpoint(tmp_path / "ck" / "digits" / "conv4" / "latest" / "s2m2r" / "last.ckpt")["epoch"] == 1

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,15 +43,37 @@ def _payloads(data: bytes) -> Iterator[bytes]:
             pending = b""
 
 
-def history(run_dir: Path) -> list[dict[str, Any]]:
-    """Every ``run.log`` call of an offline run, as ``{key: value}`` (values JSON-decoded)."""
+def records(run_dir: Path, timeout: float = 30.0) -> list[Any]:
+    """Every record of an offline run, once the run's ``exit`` record is on disk.
+
+    W&B's service process writes the file asynchronously: right after ``run.finish()`` returns, the file may
+    still miss its records (seen as a rare failure of the tests that read it), so this waits for ``exit``.
+    """
     from wandb.proto import wandb_internal_pb2 as pb
 
-    [store] = list(Path(run_dir).glob("run-*.wandb"))
+    deadline = time.monotonic() + timeout
+    while True:
+        [store] = list(Path(run_dir).glob("run-*.wandb"))
+        found = []
+        try:
+            for payload in _payloads(store.read_bytes()):
+                record = pb.Record()
+                record.ParseFromString(payload)
+                found.append(record)
+        except Exception:  # noqa: BLE001 - a record half-written right now: read again
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+            continue
+        if any(r.WhichOneof("record_type") == "exit" for r in found) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def history(run_dir: Path) -> list[dict[str, Any]]:
+    """Every ``run.log`` call of an offline run, as ``{key: value}`` (values JSON-decoded)."""
     rows = []
-    for payload in _payloads(store.read_bytes()):
-        record = pb.Record()
-        record.ParseFromString(payload)
+    for record in records(run_dir):
         if record.WhichOneof("record_type") == "history":
             rows.append({(item.key or "/".join(item.nested_key)): json.loads(item.value_json)
                          for item in record.history.item})
@@ -67,3 +90,14 @@ def offline_run(save_dir: Path) -> Path:
     """The single offline run folder under ``save_dir/wandb``."""
     [run] = list((Path(save_dir) / "wandb").glob("offline-run-*"))
     return run
+
+
+def run_record(run_dir: Path) -> dict[str, Any]:
+    """The run's own record: ``display_name``, ``group``, ``job_type`` and ``config`` (``{key: value}``)."""
+    for record in records(run_dir):
+        if record.WhichOneof("record_type") == "run":
+            run = record.run
+            config = {item.key: json.loads(item.value_json) for item in run.config.update}
+            return {"display_name": run.display_name, "group": run.run_group, "job_type": run.job_type,
+                    "config": config}
+    raise ValueError(f"no run record in {run_dir}")

@@ -5,6 +5,8 @@ and ``root/omniglot-py/images_evaluation/...``. The split lists ``root/splits/<s
 (one ``images_<set>/<alphabet>/<characterNN>`` per line) are used when present. Without them, ``vinyals`` is
 rebuilt from its rule: 1200 training characters = all of images_background, the evaluation alphabets
 below, and Gurmukhi character01–41; the other 423 evaluation characters are the test split; no validation split.
+``vinyals_protonets`` (the default in conf/data/omniglot.yaml) holds ProtoNets' five validation alphabets (172
+characters) out of those 1200 as the validation split, so the best checkpoint is chosen on held-out classes.
 
 Protocol (Vinyals et al.; Snell et al.): each character in each of the rotations 0/90/180/270° is its own
 class (1200 × 4 = 4800 training classes, 423 × 4 = 1692 test classes) and images are resized to 28×28.
@@ -28,6 +30,9 @@ SETS = ("images_background", "images_evaluation")
 VINYALS_TRAIN_EVALUATION_ALPHABETS = ("Angelic", "Atemayar_Qelisayer", "Atlantean", "Aurek-Besh", "Avesta",
                                       "Ge_ez", "Glagolitic")
 VINYALS_GURMUKHI_TRAIN = 41  # Gurmukhi character01..41 are training characters, 42..45 test
+#: The validation alphabets Snell et al. (ProtoNets, 2017) hold out of the Vinyals training characters (172 of 1200).
+PROTONETS_VAL_ALPHABETS = ("Armenian", "Bengali", "Early_Aramaic", "Hebrew", "Mkhedruli_(Georgian)")
+REBUILDABLE_SCHEMES = ("vinyals", "vinyals_protonets")
 
 
 def vinyals_split_of(character: str) -> str:
@@ -55,12 +60,17 @@ def split_characters(base: Path, split: str, scheme: str) -> list[str]:
     split_file = base / "splits" / scheme / f"{split}.txt"
     if split_file.is_file():
         return [line.strip() for line in split_file.read_text().splitlines() if line.strip()]
-    if scheme != "vinyals":
+    if scheme not in REBUILDABLE_SCHEMES:
         raise DataError(f"omniglot: split file {split_file} is missing; the {scheme!r} split is read from "
-                        "root/splits/<scheme>/{train,val,test}.txt (only `vinyals` can be rebuilt without it)")
+                        "root/splits/<scheme>/{train,val,test}.txt (only vinyals and vinyals_protonets can be rebuilt "
+                        "without it)")
+    characters = omniglot_characters(base)
+    if scheme == "vinyals":  # the 1200 training characters, no validation split
+        return [] if split == "val" else [c for c in characters if vinyals_split_of(c) == split]
+    held_out = [c for c in characters if vinyals_split_of(c) == "train" and c.split("/")[1] in PROTONETS_VAL_ALPHABETS]
     if split == "val":
-        return []
-    return [c for c in omniglot_characters(base) if vinyals_split_of(c) == split]
+        return held_out
+    return [c for c in characters if vinyals_split_of(c) == split and c not in set(held_out)]
 
 
 def load_character(folder: Path, image_size: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from lightning_putm.data.episodes import EpisodeBank, sample_episode_bank
 from lightning_putm.evaluation.records import Summary
 from lightning_putm.evaluation.settings import EvaluationSettings
-from lightning_putm.evaluation.sources import load_base_mean
+from lightning_putm.evaluation.sources import load_base_statistics
 from lightning_putm.features import FeatureSet
 from lightning_putm.methods import build_method, method_uses_class_prior
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
@@ -83,9 +83,9 @@ def evaluate_features(
     """
     if world_size > 1 and gather is None:
         raise ValueError("evaluate_features with world_size > 1 needs a gather function (all_gather)")
-    base_mean = load_base_mean(settings, feature_set.dim, log)
-    if base_mean is not None:
-        base_mean = base_mean.to(settings.device)
+    base = load_base_statistics(settings, feature_set.dim, log)
+    base_mean = None if base.mean is None else base.mean.to(settings.device)
+    base_covariance = None if base.covariance is None else base.covariance.to(settings.device)
     show = settings.progress if progress is None else progress
     start_task, stop_task = shard_range(settings.tasks, rank, world_size)
     total = len(settings.shots) * len(settings.alphas) * len(settings.methods) * (stop_task - start_task)
@@ -106,6 +106,7 @@ def evaluate_features(
                     method = build_method(
                         name, settings.method_params.get(name, {}), shots=shots, balanced=alpha is None,
                         show_progress=show, memory_budget_mb=settings.memory_budget_mb, base_mean=base_mean,
+                        base_covariance=base_covariance,
                         query_counts=bank.query_counts[start_task:stop_task] if oracle else None,
                     )
                     bar.set_postfix_str(f"{name} {shots}-shot alpha={bank.alpha_label}")

@@ -14,10 +14,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_putm.config import (apply_overrides, apply_trainer_overrides, conf_dir, group_options, load_group,
-                                   load_yaml, peel_override, split_trainer_overrides, to_container)
-from lightning_putm.errors import ConfigError
+                                   load_saved_config,
+                                   load_yaml, peel_override, split_override, split_trainer_overrides, to_container)
+from lightning_putm.checkpoints import read_checkpoint
+from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.loggers import LOGGERS
-from lightning_putm.methods import available_methods, method_uses_base_mean
+from lightning_putm.methods import available_methods, build_method, method_uses_base_mean
+from lightning_putm.runs import run_name
 from lightning_putm.validators import as_list, flag, integer, is_number, parse_alpha, positive
 
 DEMO_TASKS = 100
@@ -37,6 +40,8 @@ EVALUATION_TRAINER_ARGS = {
 
 #: ``base_features=split:<name>``: the base-class features are that split of ``data``, extracted with the checkpoint.
 BASE_SPLIT_PREFIX = "split:"
+#: Where ``output_dir=auto`` puts run folders: ``<RUN_ROOT>/<date>/<time>-<name>``.
+RUN_ROOT = Path("outputs/evaluate")
 BASE_SPLITS = ("train", "val")
 
 
@@ -53,7 +58,7 @@ class EvaluationSettings:
     tasks: int
     seed: int
     device: torch.device
-    output_dir: Path
+    output_dir: Path | None  # None = a new run folder under RUN_ROOT (resolved by the job)
     allow_pickle: bool = False
     memory_budget_mb: float = 2048.0
     progress: bool = True
@@ -70,6 +75,8 @@ class EvaluationSettings:
     plot_task: int = 0
     trainer: dict[str, Any] = field(default_factory=dict)
     backbone: str = "auto"  # expected backbone of the checkpoint (auto = whatever it holds)
+    name: str = "run"  # run name: part of the run folder's and the W&B run's names
+    verbose: bool = False
 
 
 def load_evaluate_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -77,14 +84,46 @@ def load_evaluate_config(overrides: Sequence[str] = ()) -> DictConfig:
     ``conf/data/<name>.yaml`` under ``data`` (``data=<name>`` picks it), plus overrides; ``trainer.<arg>``
     accepts any ``pytorch_lightning.Trainer`` argument except those evaluation sets itself."""
     overrides = list(overrides)
+    saved_path, overrides = peel_override(overrides, "config")
     data_name, overrides = peel_override(overrides, "data")
     trainer_overrides, overrides = split_trainer_overrides(overrides)
     cfg = load_yaml(conf_dir() / "evaluate.yaml")
     cfg.method = {name: load_group("method", name) for name in group_options("method")}
-    data_name = data_name or str(cfg.data)
-    cfg.data = OmegaConf.merge({"name": data_name}, load_group("data", data_name))
+    saved = None
+    if saved_path is not None:  # re-run a recorded run: its config.yaml is the base, overrides still apply
+        if not Path(saved_path).is_file():
+            raise ConfigError(f"config={saved_path}: file not found; give the config.yaml saved in a run folder")
+        saved = load_yaml(Path(saved_path))
+        data_name = data_name or (str(saved.data.name) if "data" in saved and "name" in saved.data else None)
+        if "checkpoint" in saved and saved.checkpoint and not any(o.startswith("checkpoint=") for o in overrides):
+            overrides.insert(0, f"checkpoint={saved.checkpoint}")
+    recorded = checkpoint_data_config(overrides)
+    name = data_name or (str(recorded["name"]) if recorded else str(cfg.data))
+    cfg.data = OmegaConf.merge({"name": name}, load_group("data", name))
+    if recorded and recorded.get("name") == name:  # the checkpoint's own data: its recorded settings by default
+        cfg.data = OmegaConf.merge(cfg.data, {k: v for k, v in recorded.items() if k in cfg.data})
+    if saved_path is not None:
+        cfg = load_saved_config(saved_path, cfg)
+        cfg.output_dir = "auto"  # a re-run gets its own folder (name output_dir=... to choose one)
     cfg = apply_overrides(cfg, overrides)
+    if recorded and recorded.get("name") != name and not cfg.force_data:
+        raise ConfigError(f"the checkpoint was trained on data={recorded.get('name')} but data={name} was given; "
+                          "drop data= to evaluate it on its own data, or pass force_data=true to evaluate it on "
+                          f"{name} on purpose")
     return apply_trainer_overrides(cfg, trainer_overrides, EVALUATION_TRAINER_ARGS, "evaluate.py")
+
+
+def checkpoint_data_config(overrides: Sequence[str]) -> dict[str, Any] | None:
+    """The ``data_config`` a ``checkpoint=`` override's file records (``None``: no checkpoint, an older checkpoint,
+    or a file that cannot be read — the feature source reports that one with its own clear error)."""
+    path = next((split_override(o)[1] for o in overrides if split_override(o)[0] == "checkpoint"), None)
+    if path in (None, "", "null") or not Path(path).is_file():
+        return None
+    try:
+        recorded = (read_checkpoint(path).get("hyper_parameters") or {}).get("data_config")
+    except DataError:
+        return None
+    return dict(recorded) if isinstance(recorded, dict) and recorded.get("name") else None
 
 
 def resolve_device(name: str) -> torch.device:
@@ -178,8 +217,17 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     if split not in SPLITS:
         raise ConfigError(f"`split` must be one of {', '.join(SPLITS)}, got {split!r}")
     if cfg.output_dir is None or str(cfg.output_dir).strip() in ("", "None", "null"):
-        raise ConfigError("`output_dir` must be a folder path, e.g. output_dir=outputs/evaluate")
+        raise ConfigError("`output_dir` must be a folder path or auto (a new run folder), e.g. output_dir=outputs/mine")
+    output_dir = None if str(cfg.output_dir) == "auto" else Path(str(cfg.output_dir))
     check_method_params(cfg, methods)
+    method_params = {name: to_container(cfg.method[name]) for name in methods if name in cfg.method}
+    check_methods_build(methods, method_params, [int(s) for s in shots], alphas)
+    if base_features is not None and not base_features.startswith(BASE_SPLIT_PREFIX) \
+            and not Path(base_features).is_file():
+        raise ConfigError(f"base_features: file not found: {base_features}; give a feature file of the base classes "
+                          "from the same backbone, base_features=split:train with a checkpoint, or base_features=null")
+    source = checkpoint.stem if checkpoint is not None else Path(features).stem
+    name = run_name(None if cfg.get("name") in (None, "") else str(cfg.name), source)
     for key in ("refresh_features", "plots", "progress", "allow_pickle"):
         flag(cfg[key], key)
     if str(cfg.logger) not in LOGGERS:
@@ -194,11 +242,11 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         tasks=tasks,
         seed=seed,
         device=resolve_device(str(cfg.device)),
-        output_dir=Path(str(cfg.output_dir)),
+        output_dir=output_dir,
         allow_pickle=cfg.allow_pickle,
         memory_budget_mb=float(budget),
         progress=bool(cfg.progress),
-        method_params={name: to_container(cfg.method[name]) for name in methods if name in cfg.method},
+        method_params=method_params,
         base_features=base_features,
         oracle_prior=oracle_prior,
         checkpoint=checkpoint,
@@ -211,4 +259,16 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         plot_task=integer(cfg.plot_task, "plot_task", 0),
         trainer=to_container(cfg.trainer),
         backbone=str(cfg.backbone),
+        name=name,
+        verbose=flag(cfg.verbose, "verbose"),
     )
+
+
+def check_methods_build(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],
+                        alphas: list[float | None]) -> None:
+    """Build every method once per setting with its parameters, so a bad value (``method.putm.rho=high``) is
+    an error naming the key now, not after features were loaded and a W&B run was started."""
+    for name in methods:
+        for shot in shots:
+            for balanced in sorted({alpha is None for alpha in alphas}):
+                build_method(name, params.get(name, {}), shots=shot, balanced=balanced)

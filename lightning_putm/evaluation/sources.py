@@ -10,6 +10,7 @@ is read from ``base_features``: a feature file, or a split extracted with the ch
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,7 +27,8 @@ from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, EvaluationSett
 from lightning_putm.extraction import FeatureCache, FeatureCacheKey, file_sha256, load_checkpoint_backbone
 from lightning_putm.feature_modules import BackboneFeatures, FeatureCollector, FeatureRows, FeatureRowsDataModule
 from lightning_putm.features import FeatureSet, load_features
-from lightning_putm.methods import method_uses_base_mean
+from lightning_putm.methods import method_uses_base_covariance, method_uses_base_mean
+from lightning_putm.methods.bavardage import base_within_class_scatter
 from lightning_putm.validators import integer, mapping, positive
 
 def load_feature_source(settings: EvaluationSettings) -> FeatureSet:
@@ -38,15 +40,25 @@ def load_feature_source(settings: EvaluationSettings) -> FeatureSet:
     return feature_set
 
 
-def load_base_mean(settings: EvaluationSettings, dim: int, log: Callable[[str], None] = print) -> torch.Tensor | None:
-    """Mean ``[d]`` of the rows of ``base_features`` for CL2N, or ``None`` with one notice when it is not set."""
+@dataclass
+class BaseStatistics:
+    """Statistics of the base classes some methods normalise with: the mean (CL2N: SimpleShot, BD-CSPN,
+    LaplacianShot, BAVARDAGE) and the within-class scatter (BAVARDAGE's whitening)."""
+
+    mean: torch.Tensor | None = None  # [d]
+    covariance: torch.Tensor | None = None  # [d, d]
+
+
+def load_base_statistics(settings: EvaluationSettings, dim: int, log: Callable[[str], None] = print) -> BaseStatistics:
+    """The statistics of ``base_features`` that the selected methods use, or none with one notice when it is not set."""
     users = [name for name in settings.methods if method_uses_base_mean(name)]
     if settings.base_features is None:
         if users:
             log(f"notice: no base_features file given, so {', '.join(users)} cannot subtract the base-class "
-                "mean (CL2N) and use plain L2 normalisation (L2N) instead; pass base_features=<file> with "
-                "features of the base classes from the same backbone (with checkpoint=: base_features=split:train)")
-        return None
+                "mean (CL2N) and use plain L2 normalisation (L2N) instead (BAVARDAGE centres each task on its own "
+                "mean); pass base_features=<file> with features of the base classes from the same backbone (with "
+                "checkpoint=: base_features=split:train)")
+        return BaseStatistics()
     base = load_features(settings.base_features, allow_pickle=settings.allow_pickle)
     base.check_finite(f"base features from {settings.base_features}")
     if base.dim != dim:
@@ -57,7 +69,11 @@ def load_base_mean(settings: EvaluationSettings, dim: int, log: Callable[[str], 
     if len(base) == 0:
         raise FeatureError(f"base_features {settings.base_features} has no rows")
     log(f"base-class mean for CL2N: {len(base)} rows of {settings.base_features}")
-    return base.features.double().mean(0).float()
+    mean = base.features.double().mean(0).float()
+    covariance = None
+    if any(method_uses_base_covariance(name) for name in settings.methods):
+        covariance = base_within_class_scatter(base.features, base.labels, mean)
+    return BaseStatistics(mean, covariance)
 
 
 def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Callable[[str], None] = print) -> tuple[Any, Any, FeatureCache | None]:
@@ -74,11 +90,11 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
     checkpoint = settings.checkpoint
     if not checkpoint.is_file():
         raise FeatureError(f"checkpoint not found: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
-                           "train_backbone.py (e.g. checkpoints/digits/conv4/s2m2r/best.ckpt)")
+                           "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
     split = settings.split
     datamodule, images, key = checkpoint_split(cfg, file_sha256(checkpoint), split)  # hashed once per run
     if settings.base_features is not None and settings.base_features.startswith(BASE_SPLIT_PREFIX):
-        # from here on base_features names the cached file, which load_base_mean reads like any feature file
+        # from here on base_features names the cached file, which load_base_statistics reads like any feature file
         base_split = settings.base_features[len(BASE_SPLIT_PREFIX):]
         settings.base_features = str(base_split_features(cfg, settings, base_split, key.checkpoint_sha256, log))
     data = cfg.data

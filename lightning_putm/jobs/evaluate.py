@@ -1,51 +1,94 @@
 """The ``evaluate.py`` job: config → features (file, demo or checkpoint) → ``Trainer.test`` with the few-shot
-callback → table, CSV files, plots and logger entries."""
+callback → table, CSV files, plots and logger entries.
+
+Order matters for trust: everything a user can get wrong (config keys and values, method parameters, files,
+the checkpoint, Trainer options) is checked before the run folder is created or a W&B run is started.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
+from omegaconf import DictConfig
 from pytorch_lightning.utilities import rank_zero_only
 
 from lightning_putm.callbacks import FewShotEvaluationCallback
-from lightning_putm.config import build_trainer, to_yaml
+from lightning_putm.config import build_trainer, changed_keys, to_container, to_yaml
 from lightning_putm.evaluation.runner import SettingResult
-from lightning_putm.evaluation.settings import EvaluationSettings, load_evaluate_config, settings_from_config
+from lightning_putm.evaluation.settings import (RUN_ROOT, EvaluationSettings, load_evaluate_config,
+                                                settings_from_config)
 from lightning_putm.evaluation.sources import build_feature_source
 from lightning_putm.loggers import build_logger, finish_logger
+from lightning_putm.runs import run_dir
 
 
-def build_evaluation_trainer(settings: EvaluationSettings, logger: Any, callback: FewShotEvaluationCallback) -> Any:
-    """A Trainer for the test loop: ``trainer.*`` options plus what evaluation fixes itself."""
-    return build_trainer(settings.trainer, logger=logger, callbacks=[callback], enable_checkpointing=False,
+def build_evaluation_trainer(settings: EvaluationSettings, callback: FewShotEvaluationCallback) -> Any:
+    """A Trainer for the test loop (no logger yet): ``trainer.*`` options plus what evaluation fixes itself."""
+    return build_trainer(settings.trainer, logger=False, callbacks=[callback], enable_checkpointing=False,
                          inference_mode=False, enable_progress_bar=settings.progress, enable_model_summary=False,
-                         default_root_dir=str(settings.output_dir))
+                         default_root_dir=str(settings.output_dir or RUN_ROOT))
+
+
+@contextlib.contextmanager
+def output_folder(settings: EvaluationSettings) -> Iterator[Path]:
+    """The folder named by ``output_dir``, or a new run folder under ``outputs/evaluate`` (``latest`` points at it)."""
+    if settings.output_dir is not None:
+        settings.output_dir.mkdir(parents=True, exist_ok=True)
+        yield settings.output_dir
+        return
+    with run_dir(RUN_ROOT, settings.name) as folder:
+        yield folder
+
+
+def describe(cfg: DictConfig, settings: EvaluationSettings) -> str:
+    """What the console shows of the config: every key that differs from the defaults (all with verbose=true)."""
+    if settings.verbose:
+        return "effective config:\n" + to_yaml(cfg)
+    changed = changed_keys(load_evaluate_config([]), cfg)
+    methods = ", ".join(settings.methods)
+    lines = [f"evaluate: {methods} | {settings.ways}-way, shots {settings.shots}, alphas "
+             f"{['balanced' if a is None else a for a in settings.alphas]}, {settings.tasks} tasks per setting, "
+             f"{settings.queries} queries | {settings.features}"]
+    if changed:
+        lines.append("settings changed from the defaults: " + ", ".join(f"{k}={v}" for k, v in changed.items()))
+    return "\n".join(lines)
 
 
 def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -> list[SettingResult]:
     """Run ``evaluate.py`` with ``key=value`` overrides; returns one result per (method, shot, α)."""
     cfg = load_evaluate_config(overrides)
     settings = settings_from_config(cfg)
-    cfg.tasks = settings.tasks  # show the resolved value, not `auto`
+    summary = describe(cfg, settings)
+    cfg.tasks = settings.tasks  # record the resolved values, not `auto`
     cfg.queries = settings.queries
-    config_yaml = to_yaml(cfg)
     rank_zero = getattr(rank_zero_only, "rank", 0) == 0
     say = log if rank_zero else (lambda _: None)
-    say("effective config:\n" + config_yaml)
-    module, datamodule, cache = build_feature_source(cfg, settings, say)
-    source = settings.checkpoint.stem if settings.checkpoint else Path(settings.features).stem
-    logger = build_logger(settings.logger, settings.output_dir, settings.wandb, f"evaluate-{source}", say)
-    callback = FewShotEvaluationCallback(settings, feature_cache=cache, config_yaml=config_yaml, plots=settings.plots,
-                                         plot_task=settings.plot_task, log=say)
     for name in ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero"):
         logging.getLogger(name).setLevel(logging.WARNING)  # "GPU available: ..." banners
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)  # Lightning internals
-    try:
-        trainer = build_evaluation_trainer(settings, logger, callback)
-        trainer.test(module, datamodule=datamodule, verbose=False)
-    finally:  # also after an error: a W&B run left open would swallow the next run's logs in this process
-        finish_logger(logger, rank_zero)
+    callback = FewShotEvaluationCallback(settings, plots=settings.plots, plot_task=settings.plot_task, log=say)
+    trainer = build_evaluation_trainer(settings, callback)  # bad trainer.* options fail here, before any output
+    module, datamodule, cache = build_feature_source(cfg, settings, say)  # checks files and the checkpoint
+    say(summary)
+    auto_folder = settings.output_dir is None
+    with output_folder(settings) as folder:
+        settings.output_dir = folder
+        cfg.output_dir = str(folder)
+        callback.feature_cache, callback.config_yaml = cache, to_yaml(cfg)
+        # unique and readable: the run folder's date and name, or the name and the time for a named folder
+        wandb_name = f"{folder.parent.name}_{folder.name}" if auto_folder else \
+            f"{settings.name}-{datetime.now():%Y-%m-%d_%H-%M-%S}"
+        logger = build_logger(settings.logger, folder, settings.wandb, wandb_name, say, job_type="evaluate",
+                              config=to_container(cfg))
+        try:
+            if logger:
+                trainer.logger = logger
+            trainer.test(module, datamodule=datamodule, verbose=False)
+        finally:  # also after an error: a W&B run left open would swallow the next run's logs in this process
+            finish_logger(logger, rank_zero)
     return callback.results

@@ -9,6 +9,7 @@ owns (logger, callbacks, plugins, checkpointing).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,6 +22,7 @@ from pytorch_lightning.utilities import rank_zero_only
 from lightning_putm.callbacks import FewShotEvaluationCallback
 from lightning_putm.checkpoints import AtomicCheckpointIO
 from lightning_putm.config import (apply_overrides, apply_trainer_overrides, build_trainer, conf_dir, load_group,
+                                   load_saved_config,
                                    load_yaml, peel_override, split_override, split_trainer_overrides, to_container,
                                    to_yaml)
 from lightning_putm.data.datamodule import EpisodeSettings, FewShotDataModule
@@ -29,6 +31,7 @@ from lightning_putm.evaluation.settings import EvaluationSettings, load_evaluate
 from lightning_putm.evaluation.settings import settings_from_config as evaluation_settings
 from lightning_putm.loggers import build_logger, finish_logger
 from lightning_putm.pretrain import STAGES, S2M2Module, check_resume_checkpoint, init_from_checkpoint
+from lightning_putm.runs import LATEST, latest_run, point_latest, run_dir, slug
 from lightning_putm.validators import flag, integer, mapping, number, parse_alpha, path, positive
 
 #: Trainer arguments this job sets itself; use the named config keys instead.
@@ -45,8 +48,16 @@ RESERVED_TRAINER_ARGS = {
 def load_train_config(overrides: Sequence[str] = ()) -> DictConfig:
     """``conf/train_backbone.yaml`` + the chosen data and backbone files + overrides (unknown keys are errors)."""
     overrides = list(overrides)
+    saved_path, overrides = peel_override(overrides, "config")
     data_name, overrides = peel_override(overrides, "data")
     backbone_name, overrides = peel_override(overrides, "backbone")
+    saved = None
+    if saved_path is not None:  # re-run a recorded run: its config.yaml is the base, overrides still apply
+        if not Path(saved_path).is_file():
+            raise ConfigError(f"config={saved_path}: file not found; give the config.yaml saved in a run folder")
+        saved = load_yaml(Path(saved_path))
+        data_name = data_name or OmegaConf.select(saved, "data.name")
+        backbone_name = backbone_name or OmegaConf.select(saved, "backbone.name")
     trainer_overrides, overrides = split_trainer_overrides(overrides)
     for text in overrides:
         if split_override(text)[0] in ("data.name", "backbone.name"):
@@ -61,6 +72,9 @@ def load_train_config(overrides: Sequence[str] = ()) -> DictConfig:
     backbone = load_group("backbone", backbone_name)
     cfg.data = OmegaConf.merge({"name": data_name}, data)
     cfg.backbone = OmegaConf.merge({"name": backbone_name}, backbone)
+    if saved_path is not None:
+        cfg = load_saved_config(saved_path, cfg)
+        cfg.run = "auto"  # a re-run gets its own run folder (run=<name> to choose one)
     cfg = apply_overrides(cfg, overrides)
     return apply_trainer_overrides(cfg, trainer_overrides, RESERVED_TRAINER_ARGS, "train_backbone.py")
 
@@ -77,6 +91,7 @@ class TrainSettings:
     init_from: Path | None
     resume: bool
     checkpoint_dir: Path
+    run: str | None  # None = a new run folder; else that folder (resume=true without a name: the latest run)
     seed: int
     module_args: dict[str, Any]
     val_episodes: EpisodeSettings
@@ -89,8 +104,15 @@ class TrainSettings:
     fewshot_eval: EvaluationSettings | None = None  # settings of the periodic PUTM/peer evaluation, or None
     fewshot_every: int | None = None
 
+    run_folder: Path | None = None  # resolved by the job: <checkpoint_dir>/<dataset>/<backbone>/<run>
+
+    def runs_root(self) -> Path:
+        """``<checkpoint_dir>/<dataset>/<backbone>``: one folder per run, ``latest`` points at the newest."""
+        return (self.checkpoint_dir / self.dataset / self.backbone).absolute()
+
     def stage_dir(self, stage: str) -> Path:
-        return (self.checkpoint_dir / self.dataset / self.backbone / stage).absolute()
+        folder = self.run_folder if self.run_folder is not None else self.runs_root() / LATEST
+        return folder / stage
 
 
 def _check_backbone_options(options: dict[str, Any], name: str) -> None:
@@ -121,7 +143,8 @@ def _episodes(cfg: DictConfig, key: str) -> EpisodeSettings:
 
 
 def settings_from_config(cfg: DictConfig) -> TrainSettings:
-    stages = cfg.stages if not isinstance(cfg.stages, str) else [cfg.stages]
+    chosen = cfg.data.get("stages", ["rotation", "s2m2r"]) if cfg.stages == "auto" else cfg.stages
+    stages = chosen if not isinstance(chosen, str) else [chosen]
     stages = [str(s) for s in stages] if isinstance(stages, ListConfig) else [repr(stages)]
     if not stages or any(s not in STAGES for s in stages):
         raise ConfigError(f"`stages` must list stages among {', '.join(STAGES)}, got {stages}")
@@ -157,6 +180,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         init_from=path(cfg.init_from, "init_from") if cfg.init_from else None,
         resume=flag(cfg.resume, "resume"),
         checkpoint_dir=path(cfg.checkpoint_dir, "checkpoint_dir"),
+        run=None if cfg.run in (None, "", "auto") else slug(str(cfg.run)),
         seed=seed,
         module_args={
             "lr": float(positive(cfg.lr, "lr")),
@@ -221,12 +245,16 @@ def build_datamodule(cfg: DictConfig, settings: TrainSettings) -> FewShotDataMod
     )
 
 
-def build_stage_logger(settings: TrainSettings, stage: str, log: Callable[[str], None] = print) -> Any:
-    """The stage's logger: CSV under ``log_dir/<dataset>/<backbone>/<stage>``, W&B (offline works without a key)
-    or none."""
-    return build_logger(settings.logger, settings.log_dir, settings.wandb,
-                        f"{settings.dataset}-{settings.backbone}-{stage}", log,
-                        csv_name=f"{settings.dataset}/{settings.backbone}/{stage}")
+def build_stage_logger(settings: TrainSettings, stage: str, config: dict[str, Any],
+                       log: Callable[[str], None] = print) -> Any:
+    """The stage's logger: CSV in ``log_dir/<dataset>/<backbone>/<run>/<stage>`` (a resume appends to it), W&B
+    (offline works without a key; the stages of a run share a group, ``job_type`` names the stage) or none."""
+    assert settings.run_folder is not None
+    run = settings.run_folder.name
+    group = f"{settings.dataset}-{settings.backbone}-{run}"
+    return build_logger(settings.logger, settings.log_dir, settings.wandb, f"{group}-{stage}", log,
+                        csv_name=f"{settings.dataset}/{settings.backbone}/{run}", csv_version=stage,
+                        job_type=f"train-{stage}", group=group, config=config)
 
 
 def build_stage_trainer(settings: TrainSettings, stage: str, has_val: bool, logger: Any) -> pl.Trainer:
@@ -263,8 +291,40 @@ class StageResult:
     seconds: float
 
 
+#: The ``data.*`` keys a checkpoint records: what its evaluation must use to see the same kind of images.
+DATA_KEYS_RECORDED = ("name", "root", "image_size", "normalize", "eval_resize", "options")
+
+
+def recorded_data_config(cfg: DictConfig) -> dict[str, Any]:
+    return {key: to_container(cfg.data)[key] for key in DATA_KEYS_RECORDED if key in cfg.data}
+
+
+def resolve_run_folder(settings: TrainSettings) -> contextlib.AbstractContextManager[Path]:
+    """The run's folder: ``resume=true`` continues ``run`` (default: the latest run), ``run=<name>`` reuses that
+    folder, otherwise a new ``<date>_<time>`` folder; ``latest`` points at the folder in use."""
+    root = settings.runs_root()
+    first = settings.stages[0]
+    if settings.resume:
+        folder = root / settings.run if settings.run else latest_run(root)
+        if folder is None or not (folder / first / "last.ckpt").is_file():
+            where = folder / first / "last.ckpt" if folder is not None else root / LATEST
+            raise DataError(f"resume=true but there is no {where} to resume from; run without resume=true (or check "
+                            "checkpoint_dir, run, data and backbone)")
+        return contextlib.nullcontext(folder)
+    if settings.run:
+        folder = root / settings.run
+        folder.mkdir(parents=True, exist_ok=True)
+        point_latest(root, folder)
+        return contextlib.nullcontext(folder)
+    return run_dir(root, "", flat=True)
+
+
 def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = print) -> list[StageResult]:
-    """Run every configured stage; returns where each stage's checkpoints went."""
+    """Run every configured stage; returns where each stage's checkpoints went.
+
+    Everything a user can get wrong is checked before the run folder exists or a logger starts: the config,
+    ``init_from``, the backbone options (the first stage's module is built) and the Trainer options.
+    """
     cfg = load_train_config(overrides)
     settings = settings_from_config(cfg)
     datamodule = build_datamodule(cfg, settings)
@@ -272,7 +332,9 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
     has_val = datamodule.has_split("val")
     rank_zero = getattr(rank_zero_only, "rank", 0) == 0  # from RANK / LOCAL_RANK set by the DDP launcher
     say = log if rank_zero else (lambda _: None)
-    say("effective config:\n" + to_yaml(cfg))
+    say(("effective config:\n" + to_yaml(cfg)) if cfg.get("verbose") else
+        f"train_backbone: {settings.dataset} / {settings.backbone}, stages {settings.stages} "
+        f"({', '.join(str(settings.epochs[s]) for s in settings.stages)} epochs)")
     train = datamodule.split("train")
     say(f"data: {settings.dataset} train {len(train)} images / {train.num_classes} classes; "
         f"val {len(datamodule.split('val'))} images" + ("" if has_val else " (no validation split: best = last)"))
@@ -281,52 +343,82 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
     if previous is not None and not previous.is_file():
         raise DataError(f"init_from={previous} does not exist; pass an existing checkpoint (e.g. "
                         f"{settings.stage_dir('rotation') / 'best.ckpt'})")
-    if settings.resume and not (settings.stage_dir(settings.stages[0]) / "last.ckpt").is_file():
-        raise DataError(f"resume=true but there is no {settings.stage_dir(settings.stages[0]) / 'last.ckpt'} to "
-                        "resume from; run without resume=true (or check checkpoint_dir, data and backbone)")
+    data_config = recorded_data_config(cfg)
+    pl.seed_everything(settings.seed, workers=True, verbose=False)  # stage 0's seed, before its weights are drawn
+    first_module = build_module(settings, datamodule.in_channels, train.num_classes, 0, data_config)
+    build_trainer(settings.trainer, logger=False, enable_checkpointing=False, max_epochs=1)  # bad trainer.* now
     results: list[StageResult] = []
     module: S2M2Module | None = None
     trainer: pl.Trainer | None = None
-    for index, stage in enumerate(settings.stages):
-        pl.seed_everything(settings.seed + index, workers=True, verbose=False)
-        try:
-            module = S2M2Module(backbone=settings.backbone, backbone_options=settings.backbone_options,
-                                in_channels=datamodule.in_channels, num_classes=train.num_classes, stage=stage,
-                                seed=settings.seed + index, **settings.module_args)
-        except (TypeError, ValueError, RuntimeError) as exc:  # e.g. backbone.width=abc or -3
-            if isinstance(exc, ConfigError):
-                raise
-            raise ConfigError(f"cannot build the {settings.backbone} backbone with options {settings.backbone_options} "
-                              f"({type(exc).__name__}: {exc}); check the backbone.<key> values against "
-                              f"conf/backbone/{settings.backbone}.yaml") from exc
-        last = settings.stage_dir(stage) / "last.ckpt"
-        resume_path = last if settings.resume and last.is_file() else None
-        if resume_path is not None:
-            check_resume_checkpoint(module, resume_path)  # corrupt, unsafe or another model's: a clear error
-            say(f"[{stage}] resuming from {resume_path}")
-        elif previous is not None:
-            init_from_checkpoint(module, previous)
-            say(f"[{stage}] starting from {previous}")
-        logger = build_stage_logger(settings, stage, say)
-        trainer = build_stage_trainer(settings, stage, has_val, logger)
-        start = time.perf_counter()
-        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_path) if resume_path else None,
-                    weights_only=True)
-        seconds = time.perf_counter() - start
-        callback = trainer.checkpoint_callbacks[0]  # the best-by-val/acc one when there is validation
-        best = Path(callback.best_model_path) if has_val and callback.best_model_path else last
-        score = float(callback.best_model_score) if has_val and callback.best_model_score is not None else None
-        results.append(StageResult(stage, last, best, score, seconds))
-        score_text = f", best val/acc {score:.2f}%" if score is not None else ""
-        say(f"[{stage}] done in {seconds:.0f} s: last checkpoint {last}; best {best}{score_text}")
-        finish_logger(logger, rank_zero)
-        previous = best
-    if settings.run_test and module is not None and trainer is not None and datamodule.has_split("test"):
-        outcome = trainer.test(module, datamodule=datamodule, ckpt_path=str(results[-1].best), weights_only=True,
-                               verbose=False)
-        if outcome and "test/acc" in outcome[0]:
-            t = settings.test_episodes
-            kind = "balanced" if t.alpha is None else f"Dirichlet alpha={t.alpha:g}"
-            say(f"test: {t.ways}-way {t.shots}-shot, {t.queries} queries ({kind}), {t.tasks} tasks, nearest class "
-                f"mean: {outcome[0]['test/acc']:.2f} ± {outcome[0]['test/ci95']:.2f}% ({results[-1].best.name})")
+    with resolve_run_folder(settings) as folder:
+        settings.run_folder = folder
+        if rank_zero:
+            write_text_atomically(folder / "config.yaml", to_yaml(cfg))
+        say(f"run folder: {folder}")
+        for index, stage in enumerate(settings.stages):
+            if index == 0:
+                module = first_module
+            else:
+                pl.seed_everything(settings.seed + index, workers=True, verbose=False)
+                module = build_module(settings, datamodule.in_channels, train.num_classes, index, data_config)
+            last = settings.stage_dir(stage) / "last.ckpt"
+            resume_path = last if settings.resume and last.is_file() else None
+            if resume_path is not None:
+                check_resume_checkpoint(module, resume_path)  # corrupt, unsafe or another model's: a clear error
+                say(f"[{stage}] resuming from {resume_path}")
+            elif previous is not None:
+                init_from_checkpoint(module, previous)
+                say(f"[{stage}] starting from {previous}")
+            logger = build_stage_logger(settings, stage, to_container(cfg), say)
+            trainer = build_stage_trainer(settings, stage, has_val, logger)
+            start = time.perf_counter()
+            try:
+                trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_path) if resume_path else None,
+                            weights_only=True)
+            except SystemExit:
+                # Ctrl-C: Lightning shuts down and calls exit(1); last.ckpt (end of the last finished epoch) is intact
+                if not trainer.interrupted:
+                    raise
+                raise KeyboardInterrupt(f"training stopped in stage {stage}; {last} holds the last finished epoch: "
+                                        f"continue with resume=true run={folder.name}") from None
+            finally:
+                finish_logger(logger, rank_zero)
+            seconds = time.perf_counter() - start
+            callback = trainer.checkpoint_callbacks[0]  # the best-by-val/acc one when there is validation
+            best = Path(callback.best_model_path) if has_val and callback.best_model_path else last
+            score = float(callback.best_model_score) if has_val and callback.best_model_score is not None else None
+            results.append(StageResult(stage, last, best, score, seconds))
+            score_text = f", best val/acc {score:.2f}%" if score is not None else ""
+            say(f"[{stage}] done in {seconds:.0f} s: last checkpoint {last}; best {best}{score_text}")
+            previous = best
+        if settings.run_test and module is not None and trainer is not None and datamodule.has_split("test"):
+            outcome = trainer.test(module, datamodule=datamodule, ckpt_path=str(results[-1].best), weights_only=True,
+                                   verbose=False)
+            if outcome and "test/acc" in outcome[0]:
+                t = settings.test_episodes
+                kind = "balanced" if t.alpha is None else f"Dirichlet alpha={t.alpha:g}"
+                say(f"test: {t.ways}-way {t.shots}-shot, {t.queries} queries ({kind}), {t.tasks} tasks, nearest "
+                    f"class mean: {outcome[0]['test/acc']:.2f} ± {outcome[0]['test/ci95']:.2f}% "
+                    f"({results[-1].best.name})")
     return results
+
+
+def build_module(settings: TrainSettings, in_channels: int, num_classes: int, index: int,
+                 data_config: dict[str, Any]) -> S2M2Module:
+    """The S2M2 module of stage ``index``; a backbone option it cannot use is a :class:`ConfigError`."""
+    try:
+        return S2M2Module(backbone=settings.backbone, backbone_options=settings.backbone_options,
+                          in_channels=in_channels, num_classes=num_classes, stage=settings.stages[index],
+                          seed=settings.seed + index, data_config=data_config, **settings.module_args)
+    except (TypeError, ValueError, RuntimeError) as exc:  # e.g. backbone.width=abc or -3
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"cannot build the {settings.backbone} backbone with options {settings.backbone_options} "
+                          f"({type(exc).__name__}: {exc}); check the backbone.<key> values against "
+                          f"conf/backbone/{settings.backbone}.yaml") from exc
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
+from lightning_putm.methods.bavardage import BAVARDAGE
 from lightning_putm.methods.bdcspn import BDCSPN
 from lightning_putm.methods.laplacianshot import LaplacianShot
 from lightning_putm.methods.protonet import ProtoNet
@@ -87,6 +88,13 @@ def _build_laplacianshot(params: dict[str, Any], context: dict[str, Any]) -> Few
                          **_common(context), **params)
 
 
+@register_method("bavardage", BAVARDAGE)
+def _build_bavardage(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
+    return BAVARDAGE(shots=context["shots"], balanced=context["balanced"], base_mean=context.get("base_mean"),
+                     base_covariance=context.get("base_covariance"), query_counts=context.get("query_counts"),
+                     **_common(context), **params)
+
+
 def available_methods() -> list[str]:
     return sorted(METHOD_REGISTRY)
 
@@ -95,6 +103,12 @@ def method_uses_base_mean(name: str) -> bool:
     """Whether method ``name`` normalises with a base-class mean (CL2N) when one is given."""
     cls = METHOD_CLASSES.get(name)
     return bool(cls is not None and cls.uses_base_mean)
+
+
+def method_uses_base_covariance(name: str) -> bool:
+    """Whether method ``name`` whitens with the base classes' within-class scatter when one is given."""
+    cls = METHOD_CLASSES.get(name)
+    return bool(cls is not None and getattr(cls, "uses_base_covariance", False))
 
 
 def method_uses_class_prior(name: str) -> bool:
@@ -116,5 +130,6 @@ def build_method(name: str, params: dict[str, Any] | None = None, **context: Any
 
 
 __all__ = ["FewShotMethod", "PUTM", "SimpleShot", "ProtoNet", "PTMAP", "TIMGD", "AlphaTIM", "BDCSPN",
-           "LaplacianShot", "METHOD_REGISTRY", "METHOD_CLASSES", "available_methods", "build_method",
-           "method_uses_base_mean", "method_uses_class_prior", "register_method"]
+           "LaplacianShot", "BAVARDAGE",
+           "METHOD_REGISTRY", "METHOD_CLASSES", "available_methods", "build_method",
+           "method_uses_base_covariance", "method_uses_base_mean", "method_uses_class_prior", "register_method"]

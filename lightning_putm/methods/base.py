@@ -34,6 +34,8 @@ class FewShotMethod(ABC):
     uses_class_prior: ClassVar[bool] = False
     #: True when the method normalises with a base-class feature mean (CL2N) and falls back to L2N without one.
     uses_base_mean: ClassVar[bool] = False
+    #: True when the method whitens with the base classes' within-class scatter (BAVARDAGE) when one is given.
+    uses_base_covariance: ClassVar[bool] = False
 
     def __init__(self, memory_budget_mb: float = 2048.0, show_progress: bool = False,
                  query_counts: torch.Tensor | None = None) -> None:

@@ -2,30 +2,42 @@
 batched over tasks.
 
 Features are CL2N-normalised (plain L2N without a base-class mean). Class prototypes ``m_k`` are the
-support means (or BD-CSPN's rectified prototypes with ``proto_rect=true``). Soft assignments
-``Y [Q, N]`` of the queries minimise
+support means, or BD-CSPN's rectified prototypes with ``proto_rect``. Soft assignments ``Y [Q, N]`` of the
+queries start from ``Y = softmax(−a)``, ``a_jk = ‖x_j − m_k‖²``, and follow the bound updates
 
-    E(Y) = Σ_j y_j·log y_j + Σ_j y_j·a_j − (λ/2)·Σ_{i,j} w_ij y_iᵀ y_j,      a_jk = ‖x_j − m_k‖²,
+    Y ← softmax(−a + λ·W·Y)
 
-where ``W`` is the kNN affinity among the queries. Bound updates ``Y ← softmax(−a + λ·W·Y)`` minimise a
-tight upper bound of E in closed form, starting from ``Y = softmax(−a)``, until E stops changing
-(relative change ≤ ``tol`` after the third update, as in the reference code) or ``iterations`` is reached.
+until the energy stops changing (relative change ≤ ``tol``, tested from the third update on) or after
+``iterations`` updates. ``W`` is a kNN affinity among the queries.
+
+Defaults follow the realistic-imbalance benchmark's code and configs (Veilleux et al., NeurIPS 2021,
+``config/<dirichlet|balanced>/methods_config/laplacianshot.yaml``), which produced the LaplacianShot numbers
+of PUTM's Table 1: CL2N, ``knn = 3``, 20 iterations, tolerance 1e-6, and
+
+* ``affinity="directed"``: ``W = A`` with ``A_ij = 1`` for the ``knn − 1`` nearest OTHER queries of query i
+  (scikit-learn's ``knn`` neighbours of a point include the point itself, and the benchmark drops that first
+  column), so A is not symmetric. ``affinity="symmetric"`` uses ``(A + Aᵀ)/2`` instead: the pairwise term
+  ``Σ_ij w_ij y_iᵀy_j`` only sees the symmetric part of A, and with a symmetric W every fixed point of the
+  update is a stationary point of ``E_half`` below.
+* ``proto_rect=None`` → on for balanced tasks, off for Dirichlet ones (``proto_rect: True`` in the benchmark's
+  balanced config, ``False`` in its Dirichlet one). The rectification is the benchmark's BD-CSPN one
+  (:func:`~lightning_putm.methods.bdcspn.rectify_prototypes_benchmark`: the benchmark's LaplacianShot
+  carries a verbatim copy of its BD-CSPN ``proto_rectification``); ``a`` then uses the unshifted queries.
+* ``energy="benchmark"``: the stopping energy ``E = Σ y log y + Σ y·a − λ·Σ_ij w_ij y_iᵀy_j`` of the benchmark.
+  ``energy="half"`` weighs the pairwise term by λ/2 (``E_half``), the energy whose bound the update minimises
+  exactly for a symmetric W; ``E(Y_i) − E(Y_{i+1}) = Σ_j KL(y_j^i ‖ y_j^{i+1}) + (λ/2)·tr(ΔᵀWΔ)``, so it cannot
+  rise while the KL term dominates. The energy only decides when to stop.
+* λ (``lmd``) by setting, the benchmark's tuned values for WRN-28-10 on miniImageNet (its
+  ``get_tuned_lmd``): Dirichlet 1.0 at 1 shot / 0.7 otherwise; balanced 0.7 / 0.3. The benchmark tunes λ
+  per backbone and dataset (e.g. ResNet-18 miniImageNet Dirichlet 0.7 / 0.7, tieredImageNet balanced
+  0.7 / 0.1); set ``lmd`` or the tables to reproduce another row.
 
 Choices, documented:
 
-* ``knn`` counts the query itself, as in the reference code (scikit-learn's neighbours of a point include
-  the point): each query links to its ``knn − 1`` nearest other queries, ``A_ij = 1``. The Laplacian term of
-  the paper only sees the symmetric part of A, so ``W = (A + Aᵀ)/2``; the reference multiplies by A itself.
-  With the symmetric W each update minimises the bound ``E(Y_i) + ⟨∇E_pair(Y_i), Y − Y_i⟩`` exactly, and
-  ``E(Y_i) − E(Y_{i+1}) = Σ_j KL(y_j^i ‖ y_j^{i+1}) + (λ/2)·tr(ΔᵀWΔ)``: the energy cannot increase when W is
-  PSD, and Pinsker's inequality extends that to ``λ·|λ_min(W)| ≤ 2``. A kNN affinity has zero diagonal, so
-  it is never PSD (``λ_min`` is about −2.5 for knn = 3), but the KL term is far larger than this worst case
-  unless assignments are near uniform; the energy is tracked (``last_state["energy"]``) and tests check it
-  never rises at the default λ.
-* The bound updates and the energy run in float64 (tiny ``[Q, N]`` and ``[Q, Q]`` tensors), so the
-  relative stopping test at 1e-6 is not swamped by float32 rounding; probabilities return in the input dtype.
-* λ (``lmd``) by setting, from the realistic benchmark's tuned values for WRN-28-10 miniImageNet features:
-  Dirichlet 1.0 at 1 shot / 0.7 otherwise; balanced 0.7 / 0.3.
+* The bound updates and the energy run in float64 (tiny ``[Q, N]`` and ``[Q, Q]`` tensors), as the
+  benchmark's numpy code does after its first update; probabilities return in the input dtype.
+* With fewer than ``knn`` queries each query links to all other queries (the benchmark's scikit-learn call
+  would fail); ``knn = 1`` means no pairwise term.
 * Converged tasks are frozen, so a task's result does not depend on the other tasks of its batch.
 """
 
@@ -37,30 +49,38 @@ import torch
 
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.bdcspn import rectify_prototypes
-from lightning_putm.methods.preprocessing import cl2n, squared_distances
+from lightning_putm.methods.bdcspn import exact_squared_distances, rectify_prototypes_benchmark
+from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
 
 
-def knn_affinity(x: torch.Tensor, knn: int) -> torch.Tensor:
-    """Symmetric kNN affinity ``[T, Q, Q]``: ``(A + Aᵀ)/2`` with ``A_ij = 1`` for the ``knn − 1`` nearest others."""
+AFFINITIES = ("directed", "symmetric")
+ENERGIES = ("benchmark", "half")
+
+
+def knn_affinity(x: torch.Tensor, knn: int, symmetric: bool = False) -> torch.Tensor:
+    """kNN affinity ``[T, Q, Q]``: ``A_ij = 1`` for the ``knn − 1`` nearest other queries j of query i.
+
+    Directed (``A``, the benchmark's) by default; ``symmetric=True`` gives ``(A + Aᵀ)/2``.
+    """
     t, q, _ = x.shape
     k = max(0, min(knn - 1, q - 1))
     affinity = torch.zeros(t, q, q, device=x.device, dtype=x.dtype)
     if k == 0:
         return affinity
-    distances = torch.cdist(x, x)
+    distances = torch.cdist(x, x, compute_mode="donot_use_mm_for_euclid_dist")
     distances.diagonal(dim1=1, dim2=2).fill_(float("inf"))
     neighbours = distances.topk(k, dim=2, largest=False).indices
     affinity.scatter_(2, neighbours, 1.0)
-    return 0.5 * (affinity + affinity.transpose(1, 2))
+    return 0.5 * (affinity + affinity.transpose(1, 2)) if symmetric else affinity
 
 
-def laplacian_energy(y: torch.Tensor, unary: torch.Tensor, affinity: torch.Tensor, lmd: float) -> torch.Tensor:
-    """Per-task energy ``Σ y log y + Σ y·a − (λ/2) Σ_ij w_ij y_iᵀy_j``."""
+def laplacian_energy(y: torch.Tensor, unary: torch.Tensor, affinity: torch.Tensor, lmd: float,
+                     pairwise_scale: float = 1.0) -> torch.Tensor:
+    """Per-task energy ``Σ y log y + Σ y·a − pairwise_scale·λ·Σ_ij w_ij y_iᵀy_j`` (benchmark: scale 1; half: ½)."""
     entropy = (y * y.clamp_min(1e-20).log()).sum((1, 2))
     pairwise = (affinity.bmm(y) * y).sum((1, 2))
-    return entropy + (unary * y).sum((1, 2)) - 0.5 * lmd * pairwise
+    return entropy + (unary * y).sum((1, 2)) - pairwise_scale * lmd * pairwise
 
 
 class LaplacianShot(FewShotMethod):
@@ -78,8 +98,10 @@ class LaplacianShot(FewShotMethod):
         lmd_balanced: Sequence[float] = (0.7, 0.3),
         iterations: int = 20,
         tol: float = 1e-6,
-        proto_rect: bool = False,
+        proto_rect: bool | None = None,
         rect_temperature: float = 10.0,
+        affinity: str = "directed",
+        energy: str = "benchmark",
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -90,12 +112,22 @@ class LaplacianShot(FewShotMethod):
             lmd = table[0] if shots == 1 else table[1]
         if float(lmd) < 0 or int(knn) < 1 or int(iterations) < 0 or tol < 0:
             raise ConfigError("laplacianshot: lmd and tol must be >= 0, knn >= 1, iterations >= 0")
+        if affinity not in AFFINITIES:
+            raise ConfigError(f"laplacianshot.affinity must be one of {', '.join(AFFINITIES)}, got {affinity!r}")
+        if energy not in ENERGIES:
+            raise ConfigError(f"laplacianshot.energy must be one of {', '.join(ENERGIES)}, got {energy!r}")
+        if rect_temperature <= 0:
+            raise ConfigError(f"laplacianshot.rect_temperature must be positive, got {rect_temperature}")
         self.base_mean = base_mean
         self.knn = int(knn)
         self.lmd = float(lmd)
         self.iterations = int(iterations)
         self.tol = float(tol)
-        self.proto_rect = bool(proto_rect)
+        #: None in the config = the benchmark's per-protocol choice: rectify on balanced tasks only
+        self.proto_rect = bool(balanced) if proto_rect is None else bool(proto_rect)
+        self.affinity = affinity
+        self.energy = energy
+        self.pairwise_scale = 1.0 if energy == "benchmark" else 0.5
         self.rect_temperature = float(rect_temperature)
         self.last_state: dict[str, torch.Tensor] = {}
 
@@ -106,23 +138,22 @@ class LaplacianShot(FewShotMethod):
     def prototypes(self, tasks: TaskBatch, support: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
         if not self.proto_rect:
             return tasks.support_means(support)
-        shifted = query + (support.mean(1, keepdim=True) - query.mean(1, keepdim=True))
-        return rectify_prototypes(support, tasks.one_hot_support(), shifted, self.rect_temperature)
+        return rectify_prototypes_benchmark(support, tasks.one_hot_support(), query, self.rect_temperature)
 
     @torch.no_grad()
     def solve(self, tasks: TaskBatch) -> torch.Tensor:
         support = cl2n(tasks.support, self.base_mean, self.name)
         query = cl2n(tasks.query, self.base_mean, self.name)
-        unary = squared_distances(query, self.prototypes(tasks, support, query)).double()  # [T, Q, N]
-        affinity = knn_affinity(query, self.knn).double()
+        unary = exact_squared_distances(query, self.prototypes(tasks, support, query)).double()  # [T, Q, N]
+        affinity = knn_affinity(query, self.knn, symmetric=self.affinity == "symmetric").double()
         y = torch.softmax(-unary, dim=2)
-        energy = laplacian_energy(y, unary, affinity, self.lmd)
+        energy = laplacian_energy(y, unary, affinity, self.lmd, self.pairwise_scale)
         energies = [energy]
         active = torch.ones(tasks.num_tasks, dtype=torch.bool, device=y.device)
         for i in range(self.iterations):
             updated = torch.softmax(-unary + self.lmd * affinity.bmm(y), dim=2)
             y = torch.where(active.view(-1, 1, 1), updated, y)
-            new_energy = torch.where(active, laplacian_energy(y, unary, affinity, self.lmd), energy)
+            new_energy = torch.where(active, laplacian_energy(y, unary, affinity, self.lmd, self.pairwise_scale), energy)
             if i > 1:
                 active = active & ((new_energy - energy).abs() > self.tol * energy.abs())
             energy = new_energy

@@ -68,7 +68,7 @@ def run_in_process(script: str, argv: Sequence[str]) -> Outcome:
     """``run_cli(main, argv)`` with stdout/stderr captured; an unhandled exception propagates."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = run_cli(script_main(script), list(argv))
+        code = run_cli(script_main(script), list(argv), job=script)
     return Outcome(code, out.getvalue(), err.getvalue())
 
 
