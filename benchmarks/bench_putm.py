@@ -32,7 +32,7 @@ FLOPs (counted analytically per task; only useful work, none of the zero-padding
                      CT head ~ 30 FLOPs per pair (two softmaxes, loss gradient)
     per E-step:      cost and squared differences 3·P·m
     per task:        (EM + 1) · (inner · step + E-step extra) + preprocessing (QR 4·n·d·m, power 20·n·d)
-With the defaults: ≈ 34 MFLOP per Adam step, ≈ 52 GFLOP per task (DESIGN §3 quotes ≈ 60 TFLOP per 1000 tasks).
+With the defaults: ≈ 34 MFLOP per Adam step, ≈ 52 GFLOP per task.
 
 Device peak (the "% peak" column): ``--peak-gflops`` if given; on CPU, the best rate of a few 2048² matrix
 products in the benchmark's compute type on one thread, times the thread count, measured at start-up (what

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""Fidelity check of our PUTM against the reference numbers of DESIGN.md §7 (and, optionally, the reference code).
+"""Fidelity check of our PUTM against the recorded figures of the reference code (and, optionally, the reference code itself).
 
-Protocol (DESIGN §7): scikit-learn's digits, raw 64-d pixels of all 10 classes as features, zero-padded to
+Protocol: scikit-learn's digits, raw 64-d pixels of all 10 classes as features, zero-padded to
 640-d (the reference needs d >= n), 5-way 1-shot, 75 queries, 200 tasks, Dirichlet alpha = 2 and balanced.
 Our PUTM must land within the combined 95% confidence intervals of the reference.
 
-    python benchmarks/fidelity_digits.py                       # ours vs the figures recorded in DESIGN.md
+    python benchmarks/fidelity_digits.py                       # ours vs the recorded figures of the reference code
     python benchmarks/fidelity_digits.py --reference ../PUTM   # also run a local reference checkout on the same tasks
 
 Takes about 10 minutes for ours on 2 CPU cores (twice that with --reference).
@@ -27,7 +27,7 @@ from lightning_putm.data.episodes import sample_episode_bank  # noqa: E402
 from lightning_putm.methods import build_method  # noqa: E402
 from lightning_putm.metrics import mean_and_ci95, task_accuracy  # noqa: E402
 
-# DESIGN.md §7: the reference implementation on the 2-core CPU machine, 200 tasks (mean, 95% CI, in %).
+# The reference implementation (github.com/RashLog/PUTM) on the 2-core CPU machine, 200 tasks (mean, 95% CI, in %).
 RECORDED = {
     "dirichlet": {"ncm": (72.9, 1.7), "putm": (75.6, 2.0)},
     "balanced": {"ncm": (73.9, 1.2), "putm": (85.9, 1.7)},
@@ -75,7 +75,7 @@ def main() -> None:
                          *RECORDED[sampling]["putm"]))
 
     print(f"\ndigits, raw pixels padded to {features.shape[1]}-d, 5-way 1-shot, 75 queries, {args.tasks} tasks, seed {args.seed}")
-    print(f"{'sampling':10} {'method':36} {'accuracy (%)':>14} {'tasks/s':>8} {'DESIGN §7':>12}  within CI")
+    print(f"{'sampling':10} {'method':36} {'accuracy (%)':>14} {'tasks/s':>8} {"recorded":>12}  within CI")
     for sampling, name, mean, ci, speed, ref_mean, ref_ci in rows:
         inside = abs(100 * mean - ref_mean) <= 100 * ci + ref_ci
         print(f"{sampling:10} {name:36} {100 * mean:7.1f} ± {100 * ci:4.1f} {speed:8.2f} {ref_mean:6.1f} ± {ref_ci:3.1f}  "

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Acceptance benchmark: a Conv-4 pretrained on real Omniglot with the S2M2 module, scored by nearest class mean.
 
-Protocol (Vinyals et al. 2016; Snell et al. 2017; DESIGN §6): the 1200 training characters of the Vinyals split,
+Protocol (Vinyals et al. 2016; Snell et al. 2017): the 1200 training characters of the Vinyals split,
 each rotation 0/90/180/270° a class (4800 classes), 28×28 images. Pretraining runs through the library's own
 path (``lightning_putm.jobs.train.run_train_backbone``, the code behind ``train_backbone.py``), by default the
 ``classifier`` stage: a cosine classifier over the 4800 classes, Adam lr 1e-3 with cosine decay. The rotation

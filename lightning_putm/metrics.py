@@ -1,4 +1,4 @@
-"""Accuracy metrics of few-shot evaluation (DESIGN §2): per-task accuracy, mean and 95% CI."""
+"""Accuracy metrics of few-shot evaluation: per-task accuracy, mean and 95% CI."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The tensor hand-off between the episode bank and the methods.
 
 A :class:`TaskBatch` holds what a transductive method may see of ``T`` tasks: support features and labels
-and the unlabelled query features. Query labels and true query counts are deliberately absent (DESIGN §2:
+and the unlabelled query features. Query labels and true query counts are deliberately absent (the protocol:
 a method must never see them); the evaluation keeps them aside for scoring.
 """
 

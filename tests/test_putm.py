@@ -1,4 +1,4 @@
-"""PUTM's CT-EM solver (DESIGN §3): navigators, QR, M-step, batching invariance, accuracy, errors."""
+"""PUTM's CT-EM solver (arXiv 2308.03047, Algorithm 1): navigators, QR, M-step, batching invariance, errors."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Training iterates the base (train) split with augmentation, in an order fixed by (seed, epoch). Validation and test iterate every image of their
 split once, unaugmented and in order, returning ``(image, label, index)``; the module turns the features into
 few-shot accuracy on the seeded episode bank of :meth:`FewShotDataModule.episodes` (balanced or Dirichlet,
-DESIGN §2), so every epoch is scored on the same tasks.
+the episode protocol), so every epoch is scored on the same tasks.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The episode bank: seeded balanced and Dirichlet-imbalanced few-shot tasks (DESIGN §2).
+"""The episode bank: seeded balanced and Dirichlet-imbalanced few-shot tasks.
 
 Follows the realistic-imbalance protocol of Veilleux et al. (NeurIPS 2021) used by PUTM (Tian et al.,
 ICCV 2023): N classes drawn uniformly, K support images per class, Q queries in total whose per-class
@@ -25,7 +25,7 @@ MAX_REDRAWS = 1000
 
 
 def round_counts_to_total(expected: np.ndarray, total: int) -> np.ndarray:
-    """Round expected counts ``p·Q`` to integers summing exactly to ``total`` (DESIGN §2).
+    """Round expected counts ``p·Q`` to integers summing exactly to ``total``.
 
     Round each entry; while the sum differs from ``total``, take the entry whose fractional part is
     closest to 0.5 (first one on ties) and floor it (sum too large) or ceil it (sum too small). An entry
@@ -127,7 +127,7 @@ def sample_episode_bank(
     max_redraws: int = MAX_REDRAWS,
     class_names: list[str] | None = None,
 ) -> EpisodeBank:
-    """Draw ``tasks`` episodes from the rows labelled ``labels`` (DESIGN §2); ``alpha=None`` is balanced."""
+    """Draw ``tasks`` episodes from the rows labelled ``labels``; ``alpha=None`` is balanced."""
     labels_np = torch.as_tensor(labels).cpu().numpy().astype(np.int64)
     _check_parameters(labels_np, ways, shots, queries, alpha, tasks)
     num_classes = int(labels_np.max()) + 1

@@ -1,6 +1,6 @@
 """One split of an image dataset (labels, class names, images on disk or in memory) and its torch Datasets.
 
-Readers of the on-disk layouts (DESIGN §6) all return an :class:`ImageSplit`; it holds either file paths,
+Readers of the on-disk layouts all return an :class:`ImageSplit`; it holds either file paths,
 decoded lazily (miniImageNet, tieredImageNet, CUB, CIFAR-FS), or an in-memory uint8/float tensor (Omniglot at
 28×28, the digits demo), whose tiny images are cheaper to keep decoded than to re-read every epoch.
 

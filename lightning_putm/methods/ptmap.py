@@ -1,5 +1,5 @@
 """PT-MAP (Hu, Gripon & Pateux, "Leveraging the Feature Distribution in Transfer-based Few-Shot Learning",
-ICANN 2021), re-implemented from the paper and DESIGN.md §4, batched over tasks.
+ICANN 2021), re-implemented from the paper, batched over tasks.
 
 1. Preprocess each task (support then query rows): power transform ``(x + 1e-6)^β`` with β = 0.5, reduce to
    the task's own basis (QR), L2-normalise, centre the support rows and the query rows separately (each

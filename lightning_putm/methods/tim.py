@@ -7,7 +7,7 @@
   over the classes (marginal entropy) and make each query's prediction confident (conditional entropy).
   Loss weights by setting: balanced tasks use the TIM paper's λ_ce = 0.1, λ_H = 1, λ_c = 0.1; Dirichlet
   tasks use 1, 1, 1, the values the realistic-imbalance benchmark (Veilleux et al. 2021) ran TIM with and
-  the source of the imbalanced peer numbers in DESIGN.md §7 (the paper's strong marginal-entropy weight
+  the source of the imbalanced peer numbers in the PUTM paper's Table 1 (the paper's strong marginal-entropy weight
   pushes predictions towards uniform classes and costs ~10 points on Dirichlet tasks).
 * α-TIM (Veilleux et al., "Realistic Evaluation of Transductive Few-Shot Learning", NeurIPS 2021): the same
   with both entropies replaced by Tsallis α-entropies ``H_α(p) = (1 − Σ_k p_k^α)/(α − 1)``, which penalise
