@@ -26,7 +26,7 @@ from lightning_putm.methods.simpleshot import SimpleShot
 from lightning_putm.methods.tim import TIMGD, AlphaTIM, shannon_entropy, tsallis_entropy
 from lightning_putm.tasks import TaskBatch
 
-PEERS = ["protonet", "simpleshot", "ptmap", "tim", "alpha_tim", "bdcspn", "laplacianshot", "bavardage"]
+PEERS = ["protonet", "simpleshot", "ptmap", "tim", "alpha_tim", "bdcspn", "laplacianshot", "bavardage", "ilpc"]
 #: fewer Adam steps where the property does not need the paper's 1000 (keeps the suite fast on CPU)
 FAST = {"tim": {"iterations": 150}, "alpha_tim": {"iterations": 150}}
 

@@ -12,6 +12,7 @@ from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.bavardage import BAVARDAGE
 from lightning_putm.methods.bdcspn import BDCSPN
+from lightning_putm.methods.ilpc import ILPC
 from lightning_putm.methods.laplacianshot import LaplacianShot
 from lightning_putm.methods.protonet import ProtoNet
 from lightning_putm.methods.ptmap import PTMAP
@@ -88,6 +89,11 @@ def _build_laplacianshot(params: dict[str, Any], context: dict[str, Any]) -> Few
                          **_common(context), **params)
 
 
+@register_method("ilpc", ILPC)
+def _build_ilpc(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
+    return ILPC(balanced=context["balanced"], query_counts=context.get("query_counts"), **_common(context), **params)
+
+
 @register_method("bavardage", BAVARDAGE)
 def _build_bavardage(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
     return BAVARDAGE(shots=context["shots"], balanced=context["balanced"], base_mean=context.get("base_mean"),
@@ -130,6 +136,6 @@ def build_method(name: str, params: dict[str, Any] | None = None, **context: Any
 
 
 __all__ = ["FewShotMethod", "PUTM", "SimpleShot", "ProtoNet", "PTMAP", "TIMGD", "AlphaTIM", "BDCSPN",
-           "LaplacianShot", "BAVARDAGE",
+           "LaplacianShot", "BAVARDAGE", "ILPC",
            "METHOD_REGISTRY", "METHOD_CLASSES", "available_methods", "build_method",
            "method_uses_base_covariance", "method_uses_base_mean", "method_uses_class_prior", "register_method"]
