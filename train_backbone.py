@@ -4,7 +4,7 @@
 Usage: python train_backbone.py [key=value ...]   (defaults: conf/train_backbone.yaml, conf/data/<name>.yaml)
   python train_backbone.py                                        # digits demo, about a minute on a CPU
   python train_backbone.py data=miniimagenet data.root=/data/mini-imagenet trainer.devices=4 trainer.strategy=ddp
-  python train_backbone.py data=omniglot data.root=../shared/data/omniglot stages=[classifier]
+  python train_backbone.py data=omniglot data.root=/path/to/omniglot     # stages: classifier (the recipe)
   python train_backbone.py ... resume=true                        # continue from checkpoints/.../last.ckpt
 """
 

@@ -75,7 +75,7 @@ def main() -> None:
                          *RECORDED[sampling]["putm"]))
 
     print(f"\ndigits, raw pixels padded to {features.shape[1]}-d, 5-way 1-shot, 75 queries, {args.tasks} tasks, seed {args.seed}")
-    print(f"{'sampling':10} {'method':36} {'accuracy (%)':>14} {'tasks/s':>8} {"recorded":>12}  within CI")
+    print(f"{'sampling':10} {'method':36} {'accuracy (%)':>14} {'tasks/s':>8} {'recorded':>12}  within CI")
     for sampling, name, mean, ci, speed, ref_mean, ref_ci in rows:
         inside = abs(100 * mean - ref_mean) <= 100 * ci + ref_ci
         print(f"{sampling:10} {name:36} {100 * mean:7.1f} ± {100 * ci:4.1f} {speed:8.2f} {ref_mean:6.1f} ± {ref_ci:3.1f}  "

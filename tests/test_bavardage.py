@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from helpers.tasks import clustered_tasks
 from lightning_putm.methods import build_method
 from lightning_putm.methods.bavardage import (
     BAVARDAGE,
@@ -31,21 +32,7 @@ torch.set_default_dtype(torch.float32)
 def make_tasks(counts: list[list[int]], shots: int = 1, dim: int = 16, spread: float = 0.1,
                seed: int = 0) -> tuple[TaskBatch, torch.Tensor]:
     """One Gaussian cluster per class; ``counts[t][k]`` queries of class k in task t (support class-major)."""
-    g = torch.Generator().manual_seed(seed)
-    ways = len(counts[0])
-    supports, queries, labels = [], [], []
-    for task_counts in counts:
-        centres = torch.rand(ways, dim, generator=g) * 2
-        s_labels = torch.arange(ways).repeat_interleave(shots)
-        q_labels = torch.cat([torch.full((c,), k) for k, c in enumerate(task_counts)])
-        q_labels = q_labels[torch.randperm(len(q_labels), generator=g)]
-        supports.append(centres[s_labels] + spread * torch.randn(len(s_labels), dim, generator=g))
-        queries.append(centres[q_labels] + spread * torch.randn(len(q_labels), dim, generator=g))
-        labels.append(q_labels)
-    t = len(counts)
-    batch = TaskBatch(torch.stack(supports), torch.arange(ways).repeat_interleave(shots).expand(t, -1).clone(),
-                      torch.stack(queries), ways, torch.arange(t))
-    return batch, torch.stack(labels)
+    return clustered_tasks(counts, shots, dim, spread, seed=seed, non_negative=False, class_major=True)
 
 
 # ----------------------------------------------------------------------------------------- preprocessing

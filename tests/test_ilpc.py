@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from helpers.tasks import clustered_tasks
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods import build_method, method_uses_class_prior
 from lightning_putm.methods.ilpc import (
@@ -31,21 +32,7 @@ def one_thread():
 def make_tasks(counts: list[list[int]], shots: int = 1, dim: int = 16, spread: float = 0.15,
                seed: int = 0) -> tuple[TaskBatch, torch.Tensor]:
     """One tight non-negative cluster per class; ``counts[t][k]`` queries of class k in task t."""
-    g = torch.Generator().manual_seed(seed)
-    ways = len(counts[0])
-    supports, queries, labels = [], [], []
-    for task_counts in counts:
-        centres = torch.rand(ways, dim, generator=g) * 2
-        s_labels = torch.arange(ways).repeat(shots)
-        q_labels = torch.cat([torch.full((c,), k) for k, c in enumerate(task_counts)])
-        q_labels = q_labels[torch.randperm(len(q_labels), generator=g)]
-        supports.append((centres[s_labels] + spread * torch.randn(len(s_labels), dim, generator=g)).clamp_min(0))
-        queries.append((centres[q_labels] + spread * torch.randn(len(q_labels), dim, generator=g)).clamp_min(0))
-        labels.append(q_labels)
-    t = len(counts)
-    batch = TaskBatch(torch.stack(supports), torch.arange(ways).repeat(shots).expand(t, -1).clone(),
-                      torch.stack(queries), ways, torch.arange(t) * 7919 + 11)
-    return batch, torch.stack(labels)
+    return clustered_tasks(counts, shots, dim, spread, seed=seed, task_seeds=torch.arange(len(counts)) * 7919 + 11)
 
 
 def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float:

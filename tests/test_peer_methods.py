@@ -14,6 +14,7 @@ import math
 import pytest
 import torch
 
+from helpers.tasks import clustered_tasks
 from lightning_putm.errors import ConfigError, FeatureError
 from lightning_putm.features import FeatureSet, save_features
 from lightning_putm.methods import available_methods, build_method
@@ -34,21 +35,7 @@ FAST = {"tim": {"iterations": 150}, "alpha_tim": {"iterations": 150}}
 def make_tasks(counts: list[list[int]], shots: int = 1, dim: int = 32, spread: float = 0.3, scale: float = 2.0,
                seed: int = 0) -> tuple[TaskBatch, torch.Tensor]:
     """Tasks with one non-negative Gaussian cluster per class; ``counts[t][k]`` queries of class k in task t."""
-    g = torch.Generator().manual_seed(seed)
-    ways = len(counts[0])
-    supports, queries, labels = [], [], []
-    for task_counts in counts:
-        centres = torch.rand(ways, dim, generator=g) * scale
-        s_labels = torch.arange(ways).repeat(shots)
-        q_labels = torch.cat([torch.full((c,), k) for k, c in enumerate(task_counts)])
-        q_labels = q_labels[torch.randperm(len(q_labels), generator=g)]
-        supports.append((centres[s_labels] + spread * torch.randn(len(s_labels), dim, generator=g)).clamp_min(0))
-        queries.append((centres[q_labels] + spread * torch.randn(len(q_labels), dim, generator=g)).clamp_min(0))
-        labels.append(q_labels)
-    t = len(counts)
-    batch = TaskBatch(torch.stack(supports), torch.arange(ways).repeat(shots).expand(t, -1).clone(),
-                      torch.stack(queries), ways, torch.arange(t))
-    return batch, torch.stack(labels)
+    return clustered_tasks(counts, shots, dim, spread, scale, seed)
 
 
 def build(name: str, shots: int = 1, balanced: bool = False, **params) -> FewShotMethod:
