@@ -97,6 +97,15 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
     return logger
 
 
+def console(log: Callable[[str], None]) -> Callable[[str], None]:
+    """``print`` that does not glue its line onto an active progress bar (``tqdm.write``); other sinks as they are."""
+    if log is print:
+        from tqdm.auto import tqdm
+
+        return lambda text: tqdm.write(text)
+    return log
+
+
 def finish_logger(logger: Any, rank_zero: bool = True) -> None:
     """Close a W&B run (a run left open would swallow the next run's logs in this process)."""
     if rank_zero and type(logger).__name__ == "WandbLogger":

@@ -23,7 +23,7 @@ from lightning_putm.evaluation.runner import SettingResult
 from lightning_putm.evaluation.settings import (RUN_ROOT, EvaluationSettings, load_evaluate_config,
                                                 settings_from_config)
 from lightning_putm.evaluation.sources import build_feature_source
-from lightning_putm.loggers import build_logger, finish_logger
+from lightning_putm.loggers import build_logger, console, finish_logger
 from lightning_putm.runs import run_dir
 
 
@@ -67,7 +67,7 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
     cfg.tasks = settings.tasks  # record the resolved values, not `auto`
     cfg.queries = settings.queries
     rank_zero = getattr(rank_zero_only, "rank", 0) == 0
-    say = log if rank_zero else (lambda _: None)
+    say = console(log) if rank_zero else (lambda _: None)
     for name in ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero"):
         logging.getLogger(name).setLevel(logging.WARNING)  # "GPU available: ..." banners
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)  # Lightning internals

@@ -10,7 +10,9 @@ owns (logger, callbacks, plugins, checkpointing).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -29,7 +31,7 @@ from lightning_putm.data.datamodule import EpisodeSettings, FewShotDataModule
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.evaluation.settings import EvaluationSettings, load_evaluate_config
 from lightning_putm.evaluation.settings import settings_from_config as evaluation_settings
-from lightning_putm.loggers import build_logger, finish_logger
+from lightning_putm.loggers import build_logger, console, finish_logger
 from lightning_putm.pretrain import STAGES, S2M2Module, check_resume_checkpoint, init_from_checkpoint
 from lightning_putm.runs import LATEST, latest_run, point_latest, run_dir, slug
 from lightning_putm.validators import flag, integer, mapping, number, parse_alpha, path, positive
@@ -331,7 +333,11 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
     datamodule.setup("fit")
     has_val = datamodule.has_split("val")
     rank_zero = getattr(rank_zero_only, "rank", 0) == 0  # from RANK / LOCAL_RANK set by the DDP launcher
-    say = log if rank_zero else (lambda _: None)
+    say = console(log) if rank_zero else (lambda _: None)
+    if not cfg.get("verbose"):  # Lightning's per-stage banners and tips ("GPU available", "💡 Tip", ...)
+        for name in ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)
     say(("effective config:\n" + to_yaml(cfg)) if cfg.get("verbose") else
         f"train_backbone: {settings.dataset} / {settings.backbone}, stages {settings.stages} "
         f"({', '.join(str(settings.epochs[s]) for s in settings.stages)} epochs)")
