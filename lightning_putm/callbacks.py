@@ -28,12 +28,14 @@ from lightning_putm.evaluation.records import Provenance
 from lightning_putm.evaluation.report import format_table, log_to_loggers, make_plots, write_report
 from lightning_putm.evaluation.runner import SettingResult, evaluate_features, shard_range
 from lightning_putm.evaluation.settings import EvaluationSettings
+from lightning_putm.evaluation.store import SettingStore
 from lightning_putm.extraction import FeatureCache
 from lightning_putm.feature_modules import FeatureCollector
 from lightning_putm.runs import remove_stale
 
 #: What an evaluation writes into its folder (a re-run into the same folder removes what it did not rewrite).
-MANAGED_FILES = ("results.csv", "per_task.csv", "config.yaml", "plots/*.png", "plots/*.pdf", "plots/*.svg")
+MANAGED_FILES = ("results.csv", "per_task.csv", "config.yaml", "plots/*.png", "plots/*.pdf", "plots/*.svg",
+                 "settings/*.pt")
 
 
 class FewShotEvaluationCallback(FeatureCollector):
@@ -119,10 +121,15 @@ class FewShotEvaluationCallback(FeatureCollector):
             start, stop = shard_range(settings.tasks, trainer.global_rank, trainer.world_size)
             print(f"rank {trainer.global_rank} of {trainer.world_size}: solving tasks {start}-{stop - 1} of each bank",
                   flush=True)
+        # test-time runs keep every finished setting, so the same command resumes an interrupted run
+        store = SettingStore(output_dir, writable=rank_zero) if prefix == "fewshot" else None
         results = evaluate_features(feature_set, settings, say, rank=trainer.global_rank, world_size=trainer.world_size,
                                     gather=(lambda t: pl_module.all_gather(t)) if trainer.world_size > 1 else None,
                                     progress=settings.progress and rank_zero,
-                                    should_stop=lambda: bool(getattr(trainer, "received_sigterm", False)))
+                                    should_stop=lambda: bool(getattr(trainer, "received_sigterm", False)),
+                                    store=store)
+        if store is not None and (notice := store.notice()):
+            say(notice)
         self.results = results
         summaries = [r.summary() for r in results]
         for summary in summaries:
@@ -136,7 +143,7 @@ class FewShotEvaluationCallback(FeatureCollector):
         figures = make_plots(results, feature_set, settings, output_dir / "plots", self.plot_task, say) if self.plots else {}
         self.paths.update({f"plot_{k}": v for k, v in figures.items()})
         # the results of this run replace a previous run's in the same folder whole
-        remove_stale(output_dir, self.paths.values(), MANAGED_FILES)
+        remove_stale(output_dir, [*self.paths.values(), *(store.written if store is not None else [])], MANAGED_FILES)
         log_to_loggers(trainer.loggers, summaries, figures, prefix)
         say(format_table(summaries))
         if any(r.oracle_prior for r in results):

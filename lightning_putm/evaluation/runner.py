@@ -19,6 +19,7 @@ from lightning_putm.data.episodes import EpisodeBank, sample_episode_bank
 from lightning_putm.evaluation.records import Summary
 from lightning_putm.evaluation.settings import EvaluationSettings
 from lightning_putm.evaluation.sources import load_base_statistics
+from lightning_putm.evaluation.store import SettingStore, tensor_digest
 from lightning_putm.features import FeatureSet
 from lightning_putm.methods import build_method, method_uses_class_prior
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
@@ -74,12 +75,15 @@ def evaluate_features(
     gather: Callable[[torch.Tensor], torch.Tensor] | None = None,
     progress: bool | None = None,
     should_stop: Callable[[], bool] | None = None,
+    store: SettingStore | None = None,
 ) -> list[SettingResult]:
     """Run every method on the same episode bank for each (shot, α); returns one result per triple.
 
     With ``world_size > 1`` every process samples the same banks, solves its contiguous block of tasks and
     ``gather`` (an all-gather) assembles the per-task accuracies, so the table equals a single process's.
     ``should_stop`` is polled after every chunk of tasks (e.g. SIGTERM received): the run then stops early.
+    With a ``store`` every finished setting is saved at once, and a setting already stored with the same inputs
+    is read back instead of solved (:mod:`~lightning_putm.evaluation.store`): an interrupted run resumes.
     """
     if world_size > 1 and gather is None:
         raise ValueError("evaluate_features with world_size > 1 needs a gather function (all_gather)")
@@ -91,6 +95,7 @@ def evaluate_features(
     total = len(settings.shots) * len(settings.alphas) * len(settings.methods) * (stop_task - start_task)
     bar = tqdm(total=total, desc="tasks", unit="task", disable=not show, dynamic_ncols=True)
     results: list[SettingResult] = []
+    common = _common_inputs(feature_set, settings, base_mean, base_covariance) if store is not None else {}
     try:
         for shots in settings.shots:
             for alpha in settings.alphas:
@@ -103,6 +108,14 @@ def evaluate_features(
                 query_labels = gathered.query_labels[start_task:stop_task]
                 for name in settings.methods:
                     oracle = settings.oracle_prior and method_uses_class_prior(name)
+                    inputs = {**common, "method": name, "params": settings.method_params.get(name, {}),
+                              "shots": shots, "alpha": bank.alpha_label, "oracle_prior": oracle}
+                    stored = store.load(name, shots, alpha, inputs) if store is not None else None
+                    if stored is not None:
+                        bar.update(stop_task - start_task)
+                        results.append(SettingResult(name, shots, alpha, stored.accuracies, stored.seconds, bank,
+                                                     stored.oracle_prior, stored.precision))
+                        continue
                     method = build_method(
                         name, settings.method_params.get(name, {}), shots=shots, balanced=alpha is None,
                         show_progress=show, memory_budget_mb=settings.memory_budget_mb, base_mean=base_mean,
@@ -111,7 +124,7 @@ def evaluate_features(
                     )
                     bar.set_postfix_str(f"{name} {shots}-shot alpha={bank.alpha_label}")
                     start = time.perf_counter()
-                    probabilities = method.predict(batch, on_chunk=lambda n: _advance(bar, n, should_stop))
+                    probabilities = method.predict(batch, on_chunk=lambda n: _advance(bar, n, should_stop, settings))
                     seconds = time.perf_counter() - start
                     accuracies = task_accuracy(probabilities, query_labels)
                     if world_size > 1:
@@ -119,13 +132,27 @@ def evaluate_features(
                     accuracies = accuracies.cpu()
                     results.append(SettingResult(name, shots, alpha, accuracies, seconds, bank, method.oracle_prior,
                                                  method.resolved_precision))
+                    if store is not None:
+                        store.save(name, shots, alpha, inputs, accuracies, seconds, method.resolved_precision,
+                                   method.oracle_prior)
     finally:
         bar.close()
     return results
 
 
-def _advance(bar: Any, tasks: int, should_stop: Callable[[], bool] | None) -> None:
+def _common_inputs(feature_set: FeatureSet, settings: EvaluationSettings, base_mean: torch.Tensor | None,
+                   base_covariance: torch.Tensor | None) -> dict[str, Any]:
+    """What every setting's numbers depend on besides the method, shot and α (for :class:`SettingStore`)."""
+    return {"features": tensor_digest(feature_set.features), "labels": tensor_digest(feature_set.labels),
+            "base_mean": tensor_digest(base_mean), "base_covariance": tensor_digest(base_covariance),
+            "ways": settings.ways, "queries": settings.queries, "tasks": settings.tasks, "seed": settings.seed,
+            "device": settings.device.type}
+
+
+def _advance(bar: Any, tasks: int, should_stop: Callable[[], bool] | None, settings: EvaluationSettings) -> None:
     bar.update(tasks)
     if should_stop is not None and should_stop():
-        raise InterruptedError("evaluation stopped: the process received a termination signal (SIGTERM); "
-                               "no result files were written for this run")
+        folder = settings.output_dir if settings.output_dir is not None else "<output_dir>"
+        raise InterruptedError("evaluation stopped: the process received a termination signal (SIGTERM); the "
+                               f"settings finished so far are kept in {folder}/settings: run the same command with "
+                               f"output_dir={folder} to resume")
