@@ -22,6 +22,7 @@ from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.methods import build_method
 from lightning_putm.methods.putm import (CPU_MAX_CHUNK_TASKS, PUTM, AutogradTrainer, EMStep, FusedTrainer,
                                          matmul_precision, resolve_precision)
+from lightning_putm.evaluation.settings import method_arguments
 from lightning_putm.methods.putm.workers import worker_count
 from lightning_putm.tasks import TaskBatch
 
@@ -70,7 +71,7 @@ def layer_biases(record: EMStep, flat: torch.Tensor) -> list[torch.Tensor]:
 
 # ------------------------------------------------------------------------------------------------ settings
 def test_every_config_option_is_a_putm_argument_and_reaches_the_settings():
-    config = yaml.safe_load(CONFIG.read_text())
+    config = method_arguments(yaml.safe_load(CONFIG.read_text()))  # all but the preset's name
     putm = build_method("putm", config, shots=1, balanced=False)
     for key, value in config.items():
         if key in ("rho", "theta", "inertia", "inertia_one_shot", "inertia_few_shot"):

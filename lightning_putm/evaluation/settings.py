@@ -43,6 +43,9 @@ BASE_SPLIT_PREFIX = "split:"
 #: Where ``output_dir=auto`` puts run folders: ``<RUN_ROOT>/<date>/<time>-<name>``.
 RUN_ROOT = Path("outputs/evaluate")
 BASE_SPLITS = ("train", "val")
+#: ``conf/method/presets/<method>/<preset>.yaml``: named sets of a method's values (``method.putm.preset=paper``).
+PRESET_FOLDER = "presets"
+PRESET_KEY = "preset"
 
 
 @dataclass
@@ -105,12 +108,65 @@ def load_evaluate_config(overrides: Sequence[str] = ()) -> DictConfig:
     if saved_path is not None:
         cfg = load_saved_config(saved_path, cfg)
         cfg.output_dir = "auto"  # a re-run gets its own folder (name output_dir=... to choose one)
+    # a saved config holds its preset's values already: a preset is applied again only when named anew
+    cfg, overrides = apply_presets(cfg, overrides, defaults_too=saved_path is None)
     cfg = apply_overrides(cfg, overrides)
     if recorded and recorded.get("name") != name and not cfg.force_data:
         raise ConfigError(f"the checkpoint was trained on data={recorded.get('name')} but data={name} was given; "
                           "drop data= to evaluate it on its own data, or pass force_data=true to evaluate it on "
                           f"{name} on purpose")
     return apply_trainer_overrides(cfg, trainer_overrides, EVALUATION_TRAINER_ARGS, "evaluate.py")
+
+
+def preset_options(method: str) -> list[str]:
+    """Named presets of a method: the YAML files in ``conf/method/presets/<method>/``."""
+    return group_options(f"method/{PRESET_FOLDER}/{method}")
+
+
+def apply_presets(cfg: DictConfig, overrides: Sequence[str], defaults_too: bool = True) -> tuple[DictConfig, list[str]]:
+    """Merge each method's preset (``method.<name>.preset=<preset>``) over its defaults.
+
+    A preset is a named set of values (``conf/method/presets/<name>/<preset>.yaml``), applied before every other
+    override whatever the argument order, so ``method.putm.preset=paper method.putm.beta=0.7`` is the paper's
+    preset with β = 0.7. Returns the config and the overrides left to apply. With ``defaults_too`` the preset a
+    method's YAML names by default is applied as well (``reference``: the defaults themselves); without it (a re-run
+    of a saved config, which holds its preset's values already) only presets named in ``overrides`` are, and they
+    replace that method's saved values.
+    """
+    chosen: dict[str, str] = {}
+    rest: list[str] = []
+    for text in overrides:
+        key, raw = split_override(text)
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "method" and parts[2] == PRESET_KEY:
+            chosen[parts[1]] = str(raw).strip()
+        else:
+            rest.append(text)
+    for name, preset in chosen.items():
+        if name not in cfg.method or PRESET_KEY not in cfg.method[name]:
+            with_presets = [m for m in cfg.method if PRESET_KEY in cfg.method[m]]
+            raise ConfigError(f"`method.{name}.preset`: {name!r} has no presets; methods with presets: "
+                              f"{', '.join(with_presets) or '(none)'}")
+    for name in list(cfg.method):
+        if PRESET_KEY not in cfg.method[name] or (name not in chosen and not defaults_too):
+            continue
+        preset = chosen.get(name, str(cfg.method[name][PRESET_KEY]))
+        options = preset_options(name)
+        if preset not in options:
+            raise ConfigError(f"`method.{name}.preset` must be one of {', '.join(options)}; got {preset!r}")
+        values = load_yaml(conf_dir() / "method" / PRESET_FOLDER / name / f"{preset}.yaml")
+        unknown = sorted(str(k) for k in values if k not in cfg.method[name] or k == PRESET_KEY)
+        if unknown:
+            raise ConfigError(f"preset {name}/{preset} sets unknown keys {', '.join(unknown)}")
+        # a preset replaces the method's section (defaults, then the preset): on a re-run from a saved config, naming a
+        # preset discards that method's saved values
+        cfg.method[name] = OmegaConf.merge(load_group("method", name), values, {PRESET_KEY: preset})
+    return cfg, rest
+
+
+def method_arguments(values: dict[str, Any]) -> dict[str, Any]:
+    """A method's constructor arguments from its config section (the preset's name is config, not an argument)."""
+    return {k: v for k, v in values.items() if k != PRESET_KEY}
 
 
 def checkpoint_data_config(overrides: Sequence[str]) -> dict[str, Any] | None:
@@ -220,7 +276,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         raise ConfigError("`output_dir` must be a folder path or auto (a new run folder), e.g. output_dir=outputs/mine")
     output_dir = None if str(cfg.output_dir) == "auto" else Path(str(cfg.output_dir))
     check_method_params(cfg, methods)
-    method_params = {name: to_container(cfg.method[name]) for name in methods if name in cfg.method}
+    method_params = {name: method_arguments(to_container(cfg.method[name])) for name in methods if name in cfg.method}
     check_methods_build(methods, method_params, [int(s) for s in shots], alphas)
     if base_features is not None and not base_features.startswith(BASE_SPLIT_PREFIX) \
             and not Path(base_features).is_file():
