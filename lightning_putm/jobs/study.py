@@ -1,0 +1,365 @@
+"""Run a W&B sweep file (``conf/sweep/*.yaml``) as a study: resumable, offline or online, on one or many processes.
+
+``wandb sweep`` + ``wandb agent`` need a W&B server. This job runs the same files without one, with Optuna
+(Akiba et al., KDD 2019) doing the bookkeeping. Why Optuna rather than a scheduler of our own:
+
+* its relational storage (an SQLite file by default; a PostgreSQL URL for several machines) records atomically
+  which runs are finished, so a killed study loses at most the run in flight, and restarting skips the rest;
+* its heartbeats mark a run whose process died as failed, so another process (or the restart) takes it over;
+* its samplers cover the sweep files' ``method: random`` and ``method: bayes`` (TPE) beyond grids.
+
+Every run is one ``evaluate.py`` run with the point's arguments (formatted by W&B's own agent formatter), in its
+own folder ``<study dir>/runs/<point>/``, so the run in flight resumes from its finished settings too
+(:mod:`lightning_putm.evaluation.store`). With ``logger: wandb`` every run is logged to W&B (offline files when
+there is no login), grouped under the study's name. At the end the study writes one summary: ``summary.csv``,
+``summary.md`` and a figure of the metric against each swept parameter.
+
+    python -m lightning_putm study conf/sweep/putm_sensitivity.yaml checkpoint=/path/to/best.ckpt
+    python -m lightning_putm study conf/sweep/alpha_shots.yaml --storage postgresql://user@host/db   # many machines
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import yaml
+
+from lightning_putm.config import split_override
+from lightning_putm.errors import ConfigError
+from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
+from lightning_putm.evaluation.study_summary import StudyRow, write_study_summary
+from lightning_putm.runs import slug
+
+#: Where studies keep their storage, runs and summary: ``<STUDY_ROOT>/<sweep name>/``.
+STUDY_ROOT = Path("outputs/studies")
+METHODS = ("grid", "random", "bayes")
+#: ``fewshot/<method>/acc`` (mean over the run's settings) or ``fewshot/<method>/<k>shot/alpha_<a>/acc``.
+METRIC = re.compile(r"^fewshot/(?P<method>[a-z_]+)(/(?P<shots>\d+)shot/alpha_(?P<alpha>[^/]+))?/acc$")
+#: Arguments the study sets itself for every run.
+STUDY_OWNED = ("output_dir",)
+
+
+@dataclass
+class Sweep:
+    """A sweep file, checked: fixed arguments, swept parameters and the metric."""
+
+    name: str
+    method: str
+    metric: str
+    goal: str
+    fixed: dict[str, Any]
+    swept: dict[str, dict[str, Any]]  # name -> {"values": [...]} or a distribution
+    run_cap: int | None = None
+    path: Path | None = None
+    grid: list[dict[str, Any]] = field(default_factory=list)
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every grid point, in the file's order (``method: grid`` only)."""
+        names = list(self.swept)
+        return [dict(zip(names, combo)) for combo in itertools.product(*(self.swept[n]["values"] for n in names))]
+
+
+def read_sweep(path: Path, overrides: Sequence[str] = ()) -> Sweep:
+    """A sweep file with command-line ``key=value`` arguments; a swept key given there is fixed to that value."""
+    if not path.is_file():
+        raise ConfigError(f"sweep file not found: {path}; give one of conf/sweep/*.yaml or your own")
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc})") from None
+    if str(spec.get("program", "evaluate.py")) != "evaluate.py":
+        raise ConfigError(f"{path}: program must be evaluate.py, got {spec.get('program')!r}")
+    method = str(spec.get("method", ""))
+    if method not in METHODS:
+        raise ConfigError(f"{path}: method must be one of {', '.join(METHODS)}, got {method!r}")
+    metric = spec.get("metric") or {}
+    name = str(metric.get("name", ""))
+    if not METRIC.match(name):
+        raise ConfigError(f"{path}: metric.name must be fewshot/<method>/acc or fewshot/<method>/<k>shot/alpha_<a>/acc, "
+                          f"got {name!r}")
+    goal = str(metric.get("goal", "maximize"))
+    if goal not in ("maximize", "minimize"):
+        raise ConfigError(f"{path}: metric.goal must be maximize or minimize, got {goal!r}")
+    fixed: dict[str, Any] = {}
+    swept: dict[str, dict[str, Any]] = {}
+    for key, options in (spec.get("parameters") or {}).items():
+        if not isinstance(options, dict):
+            raise ConfigError(f"{path}: parameters.{key} must be a mapping like {{value: ...}} or {{values: [...]}}")
+        if "value" in options:
+            fixed[key] = options["value"]
+        elif "values" in options:
+            if not options["values"]:
+                raise ConfigError(f"{path}: parameters.{key}.values is empty")
+            swept[key] = {"values": list(options["values"])}
+        elif method == "grid":
+            raise ConfigError(f"{path}: parameters.{key}: a grid sweep needs `values` (or a fixed `value`)")
+        else:
+            swept[key] = _distribution(path, key, options)
+    for text in overrides:
+        key, raw = split_override(text)
+        if key in STUDY_OWNED:
+            raise ConfigError(f"{key}: the study gives every run its own folder under the study's folder; use --dir")
+        swept.pop(key, None)
+        fixed[key] = yaml.safe_load(raw) if raw.strip() else raw
+    for key in STUDY_OWNED:
+        fixed.pop(key, None)
+    if not swept:
+        raise ConfigError(f"{path}: nothing is swept (no parameter has `values` or a distribution)")
+    run_cap = spec.get("run_cap")
+    sweep = Sweep(str(spec.get("name") or path.stem), method, name, goal, fixed, swept,
+                  None if run_cap is None else int(run_cap), path)
+    metric_method = METRIC.match(name).group("method")
+    methods = str(fixed.get("methods", ""))
+    if "methods" in fixed and metric_method not in methods:
+        raise ConfigError(f"{path}: the metric {name} needs method {metric_method} in `methods` ({methods})")
+    return sweep
+
+
+def _distribution(path: Path, key: str, options: dict[str, Any]) -> dict[str, Any]:
+    kind = options.get("distribution")
+    if kind is None and "min" in options and "max" in options:
+        kind = "int_uniform" if all(isinstance(options[b], int) for b in ("min", "max")) else "uniform"
+    if kind not in ("uniform", "int_uniform", "log_uniform_values"):
+        raise ConfigError(f"{path}: parameters.{key}: distribution {kind!r} is not supported here; use values, "
+                          "uniform, int_uniform or log_uniform_values (min, max)")
+    low, high = options.get("min"), options.get("max")
+    if low is None or high is None or not float(low) < float(high):
+        raise ConfigError(f"{path}: parameters.{key} needs min < max, got min={low}, max={high}")
+    return {"distribution": kind, "min": low, "max": high}
+
+
+def agent_arguments(point: dict[str, Any]) -> list[str]:
+    """``key=value`` arguments exactly as the W&B agent passes them to ``evaluate.py`` (its own formatter)."""
+    from wandb.sdk.launch.sweeps.utils import create_sweep_command_args
+
+    return create_sweep_command_args({"args": {k: {"value": v} for k, v in point.items()}})["args_no_hyphens"]
+
+
+def point_key(point: dict[str, Any]) -> str:
+    """A folder name for a point: readable swept values, then a short hash of the whole point."""
+    digest = hashlib.sha256(json.dumps(point, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    readable = "_".join(f"{k.split('.')[-1]}={v}" for k, v in point.items())
+    return f"{slug(readable, 80)}-{digest}"
+
+
+def metric_value(metric: str, summaries: Sequence[Any]) -> float:
+    """The metric of one run from its per-setting summaries: one setting's accuracy or the mean over the run's."""
+    match = METRIC.match(metric)
+    chosen = [s for s in summaries if s.method == match.group("method")
+              and (match.group("shots") is None or (str(s.shots) == match.group("shots")
+                                                   and s.alpha_label == match.group("alpha")))]
+    if not chosen:
+        raise ConfigError(f"the run logged no {metric}: check the sweep's methods, shots and alphas")
+    return float(sum(s.accuracy for s in chosen) / len(chosen))
+
+
+class Study:
+    """One sweep as an Optuna study with heartbeats: every process running it takes the next unfinished point."""
+
+    def __init__(self, sweep: Sweep, folder: Path, storage: str | None = None, heartbeat_s: int = 10,
+                 grace_s: int = 30, seed: int = 0, log: Callable[[str], None] = print) -> None:
+        self.sweep, self.folder, self.log = sweep, folder, log
+        self.storage_url = storage or f"sqlite:///{(folder / 'study.db').resolve()}"
+        self.heartbeat_s, self.grace_s, self.seed = heartbeat_s, grace_s, seed
+        self._study = None
+
+    # ------------------------------------------------------------------------------------------- checks
+    def check(self) -> None:
+        """Every point (the grid, or the fixed part with each distribution's bounds) is a valid evaluate.py config;
+        raises :class:`ConfigError` naming the point, before anything is written."""
+        points = self.sweep.points() if self.sweep.method == "grid" else [self._bounds_point(b) for b in (0, 1)]
+        for point in points:
+            args = self.arguments(point, Path("outputs/studies/check"))
+            try:
+                settings_from_config(load_evaluate_config(args))
+            except ConfigError as exc:
+                raise ConfigError(f"sweep {self.sweep.name}, point {point}: {exc}") from None
+        if self.sweep.method != "grid" and self.sweep.run_cap is None:
+            raise ConfigError(f"sweep {self.sweep.name}: a {self.sweep.method} sweep needs run_cap in the file or "
+                              "--max-runs N")
+
+    def _bounds_point(self, which: int) -> dict[str, Any]:
+        return {k: (v["values"][0] if "values" in v else (v["min"] if which == 0 else v["max"]))
+                for k, v in self.sweep.swept.items()}
+
+    def arguments(self, point: dict[str, Any], run_folder: Path) -> list[str]:
+        group = [] if "wandb.group" in self.sweep.fixed else [f"wandb.group={self.sweep.name}"]
+        name = [] if "wandb.name" in self.sweep.fixed else [f"wandb.name={self.sweep.name}-{run_folder.name}"]
+        return [*agent_arguments({**self.sweep.fixed, **point}), f"output_dir={run_folder}", *group, *name]
+
+    # ------------------------------------------------------------------------------------------- optuna
+    @property
+    def study(self):
+        if self._study is None:
+            import optuna
+            from optuna.storages import RDBStorage
+
+            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            # heartbeats are marked experimental in Optuna; they are what makes a dead process's run free again
+            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+            warnings.filterwarnings("ignore", message=r".*fail_stale_trials is experimental")
+            self.folder.mkdir(parents=True, exist_ok=True)
+            storage = RDBStorage(self.storage_url, heartbeat_interval=self.heartbeat_s, grace_period=self.grace_s)
+            sampler = (optuna.samplers.TPESampler(seed=self.seed) if self.sweep.method == "bayes"
+                       else optuna.samplers.RandomSampler(seed=self.seed))
+            self._study = optuna.create_study(study_name=self.sweep.name, storage=storage, sampler=sampler,
+                                              direction=self.sweep.goal, load_if_exists=True)
+        return self._study
+
+    def finished_keys(self) -> set[str]:
+        from optuna.trial import TrialState
+
+        return {t.user_attrs["point_key"] for t in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if "point_key" in t.user_attrs}
+
+    def running_keys(self) -> set[str]:
+        from optuna.trial import TrialState
+
+        return {t.user_attrs["point_key"] for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                if "point_key" in t.user_attrs}
+
+    def objective(self, run: Callable[[list[str]], Sequence[Any]]) -> Callable[[Any], float]:
+        def evaluate(trial: Any) -> float:
+            point = {k: self._suggest(trial, k, spec) for k, spec in self.sweep.swept.items()}
+            key = point_key(point)
+            trial.set_user_attr("point_key", key)
+            trial.set_user_attr("point", json.dumps(point, default=str))
+            folder = self.folder / "runs" / key
+            trial.set_user_attr("output_dir", str(folder))
+            self.log(f"[{self.sweep.name}] run {key}")
+            summaries = [r.summary() for r in run(self.arguments(point, folder))]
+            trial.set_user_attr("settings", json.dumps([{"method": s.method, "shots": s.shots, "alpha": s.alpha_label,
+                                                          "accuracy": s.accuracy, "ci95": s.ci95} for s in summaries]))
+            return metric_value(self.sweep.metric, summaries)
+        return evaluate
+
+    @staticmethod
+    def _suggest(trial: Any, key: str, spec: dict[str, Any]) -> Any:
+        if "values" in spec:
+            values = spec["values"]
+            names = [json.dumps(v) if not isinstance(v, (str, int, float, bool)) else v for v in values]
+            chosen = trial.suggest_categorical(key, names)
+            return values[names.index(chosen)]
+        low, high = spec["min"], spec["max"]
+        if spec["distribution"] == "int_uniform":
+            return trial.suggest_int(key, int(low), int(high))
+        return trial.suggest_float(key, float(low), float(high), log=spec["distribution"] == "log_uniform_values")
+
+    # ------------------------------------------------------------------------------------------- loop
+    def run(self, run: Callable[[list[str]], Sequence[Any]], max_runs: int | None = None) -> int:
+        """Solve unfinished points until none is left (grid) or the run cap is reached; returns runs done here."""
+        import optuna
+        from optuna.storages import fail_stale_trials
+
+        objective, done_here = self.objective(run), 0
+        limit = max_runs if max_runs is not None else self.sweep.run_cap
+        while limit is None or done_here < limit:
+            fail_stale_trials(self.study)  # runs whose process stopped beating: failed, their points free again
+            if self.sweep.method == "grid":
+                finished, running = self.finished_keys(), self.running_keys()
+                todo = [p for p in self.sweep.points() if point_key(p) not in finished]
+                if not todo:
+                    break
+                free = [p for p in todo if point_key(p) not in running]
+                if not free:  # all left are in flight elsewhere (or in a process that died: wait for its heartbeat)
+                    self.log(f"[{self.sweep.name}] {len(todo)} run(s) in flight in other processes; waiting")
+                    time.sleep(max(1, self.heartbeat_s))
+                    continue
+                self.study.enqueue_trial({k: self._grid_value(self.sweep.swept[k], v) for k, v in free[0].items()})
+            elif len(self.finished_keys()) >= (self.sweep.run_cap or math.inf):
+                break
+            self.study.optimize(objective, n_trials=1, catch=())
+            done_here += 1
+        return done_here
+
+    @staticmethod
+    def _grid_value(spec: dict[str, Any], value: Any) -> Any:
+        return json.dumps(value) if not isinstance(value, (str, int, float, bool)) else value
+
+    def rows(self) -> list[StudyRow]:
+        """One row per finished point (the first finished run of each), in the order runs finished."""
+        from optuna.trial import TrialState
+
+        rows, seen = [], set()
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+            key = trial.user_attrs.get("point_key")
+            if key is None or key in seen:
+                continue
+            seen.add(key)
+            rows.append(StudyRow(point=json.loads(trial.user_attrs["point"]), metric=float(trial.value), key=key,
+                                 output_dir=trial.user_attrs.get("output_dir", ""),
+                                 settings=json.loads(trial.user_attrs.get("settings", "[]"))))
+        return rows
+
+
+def run_study(argv: Sequence[str], log: Callable[[str], None] = print,
+              run: Callable[[list[str]], Sequence[Any]] | None = None) -> Path:
+    """``python -m lightning_putm study SWEEP.yaml [key=value ...] [--storage URL] [--dir DIR] [--max-runs N]
+    [--summary-only]``: run a sweep file as a resumable study and write its summary; returns the study folder."""
+    options, rest = _options(list(argv))
+    if not rest:
+        raise ConfigError("give a sweep file: python -m lightning_putm study conf/sweep/<name>.yaml [key=value ...]")
+    sweep = read_sweep(Path(rest[0]), rest[1:])
+    if options.get("max_runs") is not None and sweep.method != "grid":
+        sweep.run_cap = int(options["max_runs"])
+    folder = Path(options.get("dir") or STUDY_ROOT / slug(sweep.name))
+    study = Study(sweep, folder, options.get("storage"), int(options.get("heartbeat", 10)),
+                  int(options.get("grace", 30)), log=log)
+    study.check()  # every point is a valid configuration: before the folder, the storage or any W&B run exists
+    if run is None:
+        from lightning_putm.jobs.evaluate import run_evaluate
+
+        def run(args: list[str]) -> Sequence[Any]:
+            return run_evaluate(args, log=lambda line: None)
+
+    if not options.get("summary_only"):
+        total = len(sweep.points()) if sweep.method == "grid" else sweep.run_cap
+        left = total - len(study.finished_keys()) if sweep.method == "grid" else None
+        log(f"study {sweep.name}: {total} run(s) in all" + (f", {left} left" if left is not None else "") +
+            f"; storage {study.storage_url}")
+        study.run(run, None if sweep.method == "grid" else (None if options.get("max_runs") is None
+                                                            else int(options["max_runs"])))
+    paths = write_study_summary(study.rows(), sweep.metric, sweep.goal, list(sweep.swept), folder, sweep.name)
+    log(f"study {sweep.name}: summary in " + ", ".join(str(p) for p in paths.values()))
+    return folder
+
+
+def _options(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
+    names = {"--storage": "storage", "--dir": "dir", "--max-runs": "max_runs", "--heartbeat": "heartbeat",
+             "--grace": "grace"}
+    options: dict[str, Any] = {}
+    rest: list[str] = []
+    index = 0
+    while index < len(argv):
+        arg = argv[index]
+        flag, _, inline = arg.partition("=")
+        if flag in names:
+            value = inline if inline else (argv[index + 1] if index + 1 < len(argv) else None)
+            if value is None:
+                raise ConfigError(f"{flag} needs a value")
+            options[names[flag]] = value
+            index += 1 if inline else 2
+            continue
+        if arg == "--summary-only":
+            options["summary_only"] = True
+        elif arg.startswith("--"):
+            raise ConfigError(f"unknown option {arg}; options: {', '.join([*names, '--summary-only'])}")
+        else:
+            rest.append(arg)
+        index += 1
+    for key in ("max_runs", "heartbeat", "grace"):
+        if key in options and (not str(options[key]).isdigit() or int(options[key]) < 1):
+            raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, got {options[key]!r}")
+    return options, rest
+
+
+__all__ = ["STUDY_ROOT", "Study", "Sweep", "agent_arguments", "metric_value", "point_key", "read_sweep", "run_study"]

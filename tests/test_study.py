@@ -1,0 +1,143 @@
+"""Sweep files run as resumable studies (python -m lightning_putm study): every point once, a kill loses at most the
+run in flight, a restart skips what is finished, bad sweeps are refused before anything is written."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from helpers.cli import REPO
+from lightning_putm.errors import ConfigError
+from lightning_putm.jobs.evaluate import run_evaluate
+from lightning_putm.jobs.study import point_key, read_sweep, run_study
+
+GRID = {
+    "program": "evaluate.py", "name": "mini", "method": "grid",
+    "metric": {"name": "fewshot/putm/acc", "goal": "maximize"},
+    "parameters": {
+        "method.putm.rho": {"values": [0.0, 1.0]},
+        "alphas": {"values": [2, "balanced"]},
+        "methods": {"value": "[putm,simpleshot]"}, "shots": {"value": 1}, "tasks": {"value": 4},
+        "method.putm.em_steps": {"value": 3}, "method.putm.inner_steps": {"value": 4},
+        "logger": {"value": "none"}, "plots": {"value": False}, "progress": {"value": False},
+    },
+}
+
+
+def sweep_file(folder: Path, spec: dict = GRID, name: str = "mini.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def counting_run(calls: list[list[str]]):
+    def run(args: list[str]):
+        calls.append(args)
+        return run_evaluate(args, log=lambda _: None)
+    return run
+
+
+def test_grid_study_runs_every_point_once_and_a_rerun_runs_nothing(tmp_path, single_thread):
+    calls: list[list[str]] = []
+    folder = run_study([str(sweep_file(tmp_path)), "--dir", str(tmp_path / "study")], log=lambda _: None,
+                       run=counting_run(calls))
+    assert len(calls) == 4
+    points = {(a, r) for a in ("2", "balanced") for r in ("0.0", "1.0")}
+    rows = read_csv(folder / "summary.csv")
+    assert {(r["alphas"], r["method.putm.rho"]) for r in rows} == points
+    for row in rows:  # the metric is the run's own PUTM accuracy, read back from its results.csv
+        results = read_csv(Path(row["output_dir"]) / "results.csv")
+        putm = [float(r["accuracy"]) for r in results if r["method"] == "putm"]
+        assert abs(float(row["fewshot/putm/acc"]) - sum(putm) / len(putm)) < 1e-3
+        assert any(k.startswith("simpleshot/1shot/alpha_") for k in row)
+    assert (folder / "summary.pdf").read_bytes()[:4] == b"%PDF" and (folder / "summary.png").stat().st_size > 1000
+    table = (folder / "summary.md").read_text()
+    assert table.count("\n| ") == 5  # header + 4 runs
+    again: list[list[str]] = []
+    run_study([str(sweep_file(tmp_path)), "--dir", str(folder)], log=lambda _: None, run=counting_run(again))
+    assert again == []
+    # a command-line value fixes a swept key: only the new points run, the finished ones are kept
+    run_study([str(sweep_file(tmp_path)), "--dir", str(folder), "method.putm.rho=0.5"], log=lambda _: None,
+              run=counting_run(again))
+    assert len(again) == 2 and all("method.putm.rho=0.5" in a for a in again)
+
+
+def test_random_sweep_samples_within_bounds_up_to_its_cap(tmp_path, single_thread):
+    spec = {**GRID, "method": "random", "run_cap": 3,
+            "parameters": {**GRID["parameters"], "method.putm.rho": {"distribution": "uniform", "min": 0.1, "max": 0.9},
+                           "alphas": {"value": 2}}}
+    calls: list[list[str]] = []
+    folder = run_study([str(sweep_file(tmp_path, spec)), "--dir", str(tmp_path / "s")], log=lambda _: None,
+                       run=counting_run(calls))
+    rhos = [float(r["method.putm.rho"]) for r in read_csv(folder / "summary.csv")]
+    assert len(calls) == 3 and len(rhos) == 3 and all(0.1 <= r <= 0.9 for r in rhos) and len(set(rhos)) == 3
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"parameters": {**GRID["parameters"], "method.putm.rho": {"values": [0.5, "high"]}}}, r"point .*rho.*high"),
+    ({"parameters": {**GRID["parameters"], "method.putm.bogus": {"values": [1, 2]}}}, r"bogus"),
+    ({"metric": {"name": "val/loss"}}, r"metric.name"),
+    ({"method": "random"}, r"run_cap"),
+    ({"method": "hyperband"}, r"method must be one of grid, random, bayes"),
+    ({"metric": {"name": "fewshot/tim/acc"}}, r"needs method tim"),
+])
+def test_bad_sweeps_are_refused_before_anything_is_written(tmp_path, change, message):
+    spec = {**GRID, **change}
+    if change.get("method") == "random":
+        spec["parameters"] = {**GRID["parameters"], "method.putm.rho": {"min": 0.1, "max": 0.9}}
+    with pytest.raises(ConfigError, match=message):
+        run_study([str(sweep_file(tmp_path, spec)), "--dir", str(tmp_path / "study")], log=lambda _: None)
+    assert not (tmp_path / "study").exists()
+
+
+def test_output_dir_is_the_studys_and_a_missing_file_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="use --dir"):
+        read_sweep(sweep_file(tmp_path), ["output_dir=x"])
+    with pytest.raises(ConfigError, match="sweep file not found: nope.yaml"):
+        run_study(["nope.yaml"], log=lambda _: None)
+
+
+def test_killed_study_resumes_and_ends_with_the_uninterrupted_results(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "WANDB_MODE": "offline",
+           "PYTHONPATH": str(REPO)}
+    path = sweep_file(tmp_path)
+    killed = tmp_path / "killed"
+    command = [sys.executable, "-m", "lightning_putm", "study", str(path), "--dir", str(killed), "--heartbeat", "1",
+               "--grace", "2"]
+    process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        if len(list(killed.glob("runs/*"))) >= 2:  # runs go one by one: the first one is finished
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, "the study ended before it could be interrupted"
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    study = optuna.load_study(study_name="mini", storage=f"sqlite:///{killed / 'study.db'}")
+    finished = {t.user_attrs["point_key"] for t in study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))}
+    assert 1 <= len(finished) < 4
+    mtimes = {name: (killed / "runs" / name / "per_task.csv").stat().st_mtime_ns for name in finished}
+    resumed = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr
+    assert {name: (killed / "runs" / name / "per_task.csv").stat().st_mtime_ns for name in finished} == mtimes
+    whole = tmp_path / "whole"
+    subprocess.run([*command[:6], str(whole)], cwd=tmp_path, env=env, capture_output=True, check=True, timeout=400)
+    points = [dict(zip(("method.putm.rho", "alphas"), (r, a))) for r in (0.0, 1.0) for a in (2, "balanced")]
+    for point in points:
+        key = point_key(point)
+        assert (killed / "runs" / key / "per_task.csv").read_bytes() == (whole / "runs" / key / "per_task.csv").read_bytes()
+    assert len(read_csv(killed / "summary.csv")) == 4
