@@ -9,7 +9,8 @@ import sys
 
 from lightning_putm.cli import run_cli
 
-COMMANDS = {"study": "run a sweep file (conf/sweep/*.yaml) as a resumable study, offline or with W&B"}
+COMMANDS = {"study": "run a sweep file (conf/sweep/*.yaml) as a resumable study, offline or with W&B",
+            "tune": "choose hyper-parameters on a checkpoint's validation classes; write a config evaluate.py runs"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +37,20 @@ Run the same command in more processes or on more machines (same storage) to sha
             run_study(argv)
 
         return run_cli(study, rest)
+    if command == "tune":
+        from lightning_putm.jobs.tune import run_tune
+
+        def tune(argv: list[str]) -> None:
+            """Select hyper-parameters on validation classes (never the test classes) and write selected.yaml.
+
+    python -m lightning_putm tune SWEEP.yaml checkpoint=CKPT [key=value ...] [--dir DIR] [--test] [--storage URL]
+  Runs the sweep's points as a study on the checkpoint's validation split (default folder outputs/tune/<sweep>),
+  writes <dir>/selected.yaml (the best run's config, switched to split=test) for
+  `python evaluate.py config=<dir>/selected.yaml`; --test also evaluates the selected setting and the defaults on
+  the test split and writes <dir>/selection.md."""
+            run_tune(argv)
+
+        return run_cli(tune, rest)
     return 2
 
 
