@@ -126,7 +126,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--vb-temperature", type=float, default=40.0, help="T_vb (PUTM's mini-ImageNet value)")
     parser.add_argument("--clip", type=float, default=1.0, help="clp (PUTM's mini-ImageNet value)")
-    parser.add_argument("--omniglot", default="/tmp/omniglot_feats", help="folder with omniglot_{test,train}.pt")
+    parser.add_argument("--omniglot", default=None,
+                        help="folder with omniglot_{test,train}.pt (our feature format); without it: digits only")
     parser.add_argument("--reference-dtype", default="float64", choices=["float64", "float32"],
                         help="precision of the reference run (its published float32 fails on rank-deficient "
                              "features such as digits' always-zero pixels: negative eigenvalues -> NaN scaling)")
@@ -138,8 +139,9 @@ def main() -> None:
     datasets = []
     if "digits" in args.datasets:
         datasets.append(("digits", digits_feature_set(list(range(3, 10))), digits_feature_set([0, 1, 2]), 75))
-    test, train = Path(args.omniglot) / "omniglot_test.pt", Path(args.omniglot) / "omniglot_train.pt"
-    if "omniglot" in args.datasets and test.exists() and train.exists():
+    folder = Path(args.omniglot) if args.omniglot else None
+    test, train = (folder / "omniglot_test.pt", folder / "omniglot_train.pt") if folder else (None, None)
+    if "omniglot" in args.datasets and folder is not None and test.exists() and train.exists():
         datasets.append(("omniglot", load_features(test), load_features(train), 15))
     for name, features, base, queries in datasets:
         for shots in (1, 5):

@@ -18,9 +18,9 @@ Reference variants per row (ours in brackets):
 * ``oracle`` (``--variants`` only) — the reference's ``unbalanced`` mode, Sinkhorn to the TRUE remaining
   counts [oracle_prior]: a leak of the test labels' class counts, shown only to check the code path.
 
-    python benchmarks/fidelity_ilpc.py --reference /tmp/ilpc_ref
-    python benchmarks/fidelity_ilpc.py --reference /tmp/ilpc_ref --variants --no-digits \
-        --omniglot /tmp/omniglot_feats/omniglot_test.pt
+    python benchmarks/fidelity_ilpc.py --reference /path/to/iLPC
+    python benchmarks/fidelity_ilpc.py --reference /path/to/iLPC --variants --no-digits \
+        --omniglot /path/to/omniglot_test.pt
 
 With fewer than ``k + 1`` rows (Omniglot 1-shot, 15 queries) the reference cannot build its graph (faiss pads
 with index -1); it then runs with ``K = n - 1``, which is what our ``k`` cap does by itself. There its cubed
@@ -159,8 +159,8 @@ def main() -> None:
     parser.add_argument("--ours", nargs="*", default=[], metavar="KEY=VALUE",
                         help="overrides of our iLPC, e.g. positive_affinity=false")
     parser.add_argument("--no-digits", action="store_true", help="skip the digits settings")
-    parser.add_argument("--omniglot", default="/tmp/omniglot_feats/omniglot_test.pt",
-                        help="our-format feature file (Conv-4 Omniglot); skipped if missing")
+    parser.add_argument("--omniglot", default="",
+                        help="our-format feature file (Conv-4 Omniglot test split); skipped if not given or missing")
     parser.add_argument("--omniglot-queries", type=int, nargs="*", default=[15, 75],
                         help="queries per Omniglot task (in all, not per class; 20 images per class)")
     args = parser.parse_args()

@@ -201,11 +201,12 @@ def feature_sets(which: list[str], args) -> list[tuple[str, torch.Tensor, torch.
     if "omniglot" in which:
         from lightning_putm.features import load_features
 
-        if not Path(args.omniglot_test).is_file():
-            print(f"skipping omniglot: {args.omniglot_test} not found")
+        if not args.omniglot_test or not Path(args.omniglot_test).is_file():
+            print(f"skipping omniglot: no feature file ({args.omniglot_test or 'pass --omniglot-test FILE'})")
         else:
             test = load_features(args.omniglot_test)
-            base = load_features(args.omniglot_base).features.mean(0) if Path(args.omniglot_base).is_file() else None
+            has_base = bool(args.omniglot_base) and Path(args.omniglot_base).is_file()
+            base = load_features(args.omniglot_base).features.mean(0) if has_base else None
             if base is None:
                 print(f"notice: {args.omniglot_base} not found; omniglot uses L2N")
             sets.append(("omniglot", test.features, test.labels, base, args.omniglot_queries))
@@ -220,8 +221,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     parser.add_argument("--features", default="digits,omniglot", help="comma-separated subset of digits,omniglot")
     parser.add_argument("--shots", default="1,5")
-    parser.add_argument("--omniglot-test", default="/tmp/omniglot_feats/omniglot_test.pt")
-    parser.add_argument("--omniglot-base", default="/tmp/omniglot_feats/omniglot_train.pt")
+    parser.add_argument("--omniglot-test", default=None,
+                        help="Omniglot test-split features in our .pt format; without it the omniglot settings are skipped")
+    parser.add_argument("--omniglot-base", default=None,
+                        help="Omniglot train-split features (.pt) whose mean CL2N subtracts; without it: L2N")
     parser.add_argument("--omniglot-queries", type=int, default=15)
     parser.add_argument("--arch", default="wideres", help="row of their tuned lambda table (wideres, resnet18)")
     parser.add_argument("--dataset", default="mini", help="row of their tuned lambda table (mini, tiered, cub)")

@@ -1,4 +1,4 @@
-"""The episode bank follows DESIGN §2 exactly: counts, rounding, disjointness, seeding, errors."""
+"""The episode bank follows docs/protocol.md exactly: counts, rounding, disjointness, seeding, errors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The explicit, default-off oracle prior (DESIGN §2): only class-prior methods (PT-MAP) may receive the true
+"""The explicit, default-off oracle prior (docs/protocol.md): only class-prior methods (PT-MAP) may receive the true
 query counts, only when the switch is on, and every such result is marked in the table and both CSVs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Peer methods (DESIGN §4): ProtoNet, SimpleShot (CL2N), PT-MAP, TIM-GD, α-TIM, BD-CSPN, LaplacianShot.
+"""Peer methods (docs/methods/): ProtoNet, SimpleShot (CL2N), PT-MAP, TIM-GD, α-TIM, BD-CSPN, LaplacianShot.
 
 Every test checks a property that a wrong implementation would break: valid probabilities for odd shapes
 and empty classes, near-perfect accuracy on well-separated data, PT-MAP's transport marginals, TIM's
