@@ -248,6 +248,9 @@ UNSAFE_CALLS = {
 }
 #: (file, function) pairs allowed to call an unsafe loader, each behind a check the scan verifies.
 ALLOWED = {("lightning_putm/features.py", "_load_pickle_features"): "pickle.load"}
+#: (file, class) pairs allowed to subclass an unpickler: restricted unpicklers whose ``find_class`` admits only data
+#: (CIFAR-100's own pickles: numpy arrays). The scan checks that ``find_class`` is overridden.
+RESTRICTED_UNPICKLERS = {("lightning_putm/data/cifarfs.py", "ArrayOnlyUnpickler")}
 LIGHTNING_LOADS = {"fit", "test", "validate", "predict"}
 
 
@@ -311,6 +314,11 @@ def unsafe_loads(source: str, filename: str) -> list[str]:
         return None
 
     found = []
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):  # class X(pickle.Unpickler): X(f).load()
+        if any((_dotted(base, names) or "") in UNSAFE_CALLS for base in cls.bases):
+            restricted = any(isinstance(n, ast.FunctionDef) and n.name == "find_class" for n in cls.body)
+            if not ((filename, cls.name) in RESTRICTED_UNPICKLERS and restricted):
+                found.append(f"{filename}:{cls.lineno}: subclass of an unpickler ({cls.name})")
     for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call)):
         name = _dotted(call.func, names) or ""
         name = name.replace("np.", "numpy.", 1) if name.startswith("np.") else name
@@ -383,9 +391,13 @@ def f(path, trainer, model, Model):
     trainer.test(model, ckpt_path="last")
 def _load_pickle_features(path, allow_pickle):
     return pickle.load(open(path, "rb"))  # allowed name, but no guard
+class Sneaky(pickle.Unpickler):
+    pass
 '''
     found = unsafe_loads(bad, "lightning_putm/features.py")
-    assert len(found) == 13, "\n".join(found)
+    assert len(found) == 14, "\n".join(found)
+    unrestricted = "import pickle\nclass ArrayOnlyUnpickler(pickle.Unpickler):\n    pass\n"
+    assert len(unsafe_loads(unrestricted, "lightning_putm/data/cifarfs.py")) == 1  # allowed name, no find_class
     good = '''
 import pickle, torch, yaml
 import numpy as np

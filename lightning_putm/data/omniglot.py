@@ -12,16 +12,22 @@ Protocol (Vinyals et al.; Snell et al.): each character in each of the rotations
 class (1200 × 4 = 4800 training classes, 423 × 4 = 1692 test classes) and images are resized to 28×28.
 Images are decoded once into memory (uint8, ink = 255 on 0 background, as ProtoNets feed 1 − pixel); a rotation
 is applied to the resized image, which for a square image and a symmetric filter equals resizing the rotated one.
+
+Download (``data.download=true``): :func:`prepare_omniglot` fetches the two official zips of Lake et al.
+(``brendenlake/omniglot``, the files torchvision's ``Omniglot`` downloads, with the same md5s) and unpacks each into
+``root/omniglot-py/images_<set>/``; a set already in place is not downloaded again.
 """
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 
+from lightning_putm.data.download import Resource, fetch, move_into_place, staging_folder
 from lightning_putm.data.imagesplit import ImageSplit, list_images, require_dir, require_root, subfolders
 from lightning_putm.errors import DataError
 
@@ -33,6 +39,41 @@ VINYALS_GURMUKHI_TRAIN = 41  # Gurmukhi character01..41 are training characters,
 #: The validation alphabets Snell et al. (ProtoNets, 2017) hold out of the Vinyals training characters (172 of 1200).
 PROTONETS_VAL_ALPHABETS = ("Armenian", "Bengali", "Early_Aramaic", "Hebrew", "Mkhedruli_(Georgian)")
 REBUILDABLE_SCHEMES = ("vinyals", "vinyals_protonets")
+#: The official zips (Lake et al. 2015), as torchvision.datasets.Omniglot fetches them; md5s pin their content.
+DOWNLOAD_URL_PREFIX = "https://raw.githubusercontent.com/brendenlake/omniglot/master/python"
+RESOURCES = {
+    "images_background": Resource(f"{DOWNLOAD_URL_PREFIX}/images_background.zip", "images_background.zip",
+                                  "68d2efa1b9178cc56df9314c21c6e718"),
+    "images_evaluation": Resource(f"{DOWNLOAD_URL_PREFIX}/images_evaluation.zip", "images_evaluation.zip",
+                                  "6b91aef0f799c5bb55b94e3f2daec811"),
+}
+
+
+def omniglot_present(root: Path) -> bool:
+    """Whether ``root`` holds the Omniglot layout's top folder (the reader checks the rest)."""
+    return (root / "omniglot-py").is_dir()
+
+
+def prepare_omniglot(root: str | Path) -> None:
+    """Download and unpack each set missing from ``root/omniglot-py/`` (``data.download=true``)."""
+    root = Path(root).expanduser()
+    for set_name, resource in RESOURCES.items():
+        target = root / "omniglot-py" / set_name
+        if target.is_dir():
+            continue
+        with staging_folder(root) as folder:
+            by_hand = f"the unpacked {resource.filename} as omniglot-py/{set_name}/<alphabet>/<characterNN>/*.png"
+            archive = fetch(resource, folder, "omniglot", root, by_hand)
+            unpacked = folder / "unpacked"
+            try:
+                with zipfile.ZipFile(archive) as handle:
+                    handle.extractall(unpacked)  # zipfile drops absolute and ".." path parts
+            except (zipfile.BadZipFile, OSError) as exc:
+                raise DataError(f"omniglot: cannot unpack {resource.filename} ({exc}); run again to download it "
+                                "again") from exc
+            if not (unpacked / set_name).is_dir():
+                raise DataError(f"omniglot: {resource.filename} holds no {set_name}/ folder; nothing was kept")
+            move_into_place(unpacked / set_name, target)
 
 
 def vinyals_split_of(character: str) -> str:
