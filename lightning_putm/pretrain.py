@@ -13,6 +13,12 @@ on the backbone features, logged as ``val/acc`` / ``test/acc`` (percent) each ep
 
 Randomness is reseeded from (seed, epoch, rank) at the start of every training epoch, so a run resumed from an
 end-of-epoch checkpoint continues exactly like an uninterrupted one (deterministic CPU mode, ``num_workers=0``).
+
+Speed options for a GPU (they change how the arithmetic runs, not the model; they are not saved as
+hyper-parameters, so a checkpoint loads the same whatever they were): ``channels_last`` stores the backbone's
+convolution weights and its input images in NHWC order, the layout cuDNN's tensor-core convolutions use
+(``"auto"`` = on when training on CUDA), and ``compile`` runs the backbone's stem, blocks and neck through
+``torch.compile``. Both are applied in :meth:`S2M2Module.setup`, once the Trainer has chosen the device.
 """
 
 from __future__ import annotations
@@ -36,6 +42,10 @@ from lightning_putm.models import Backbone, CosineClassifier, Mixup, RotationHea
 
 STAGES = ("classifier", "rotation", "s2m2r")
 NCM_NORMALISATIONS = ("none", "l2")
+#: ``compile=true`` means this torch.compile backend; a string names another (e.g. ``eager`` to debug tracing).
+DEFAULT_COMPILE_BACKEND = "inductor"
+#: Compiled variants torch may keep of the backbone's regions (see S2M2Module.prepare_for_device).
+COMPILE_CACHE_SIZE = 64
 
 
 # --------------------------------------------------------------------------------------------- scoring
@@ -66,6 +76,36 @@ def reseed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def check_channels_last(value: Any, key: str = "channels_last") -> bool | str:
+    """``true``, ``false`` or ``"auto"`` (on when training on CUDA); anything else is a one-line ConfigError."""
+    if isinstance(value, bool) or value == "auto":
+        return value
+    raise ConfigError(f"`{key}` must be true, false or auto (auto = on when training on CUDA), got {value!r}")
+
+
+def check_compile(value: Any, key: str = "compile") -> str | None:
+    """The torch.compile backend for ``compile=value``: ``false`` → None, ``true`` → inductor, or a backend name
+    that torch knows (``eager`` and ``aot_eager`` trace without generating code: useful to debug)."""
+    if value is False or value is None:
+        return None
+    if value is True:
+        return DEFAULT_COMPILE_BACKEND
+    if isinstance(value, str) and value:
+        from torch._dynamo import list_backends
+
+        if value in set(list_backends(exclude_tags=())) | {"eager", "aot_eager", DEFAULT_COMPILE_BACKEND}:
+            return value
+        raise ConfigError(f"`{key}` must be true, false or a torch.compile backend name (e.g. inductor, eager, "
+                          f"aot_eager; torch._dynamo.list_backends() lists them), got {value!r}")
+    raise ConfigError(f"`{key}` must be true or false (true = torch.compile the backbone), got {value!r}")
+
+
+def resolve_channels_last(option: bool | str, device: torch.device) -> bool:
+    """``channels_last`` for training on ``device``: ``"auto"`` means on for CUDA only (NHWC convolutions are
+    what cuDNN runs fastest with tensor cores; on CPU the default NCHW layout keeps results unchanged)."""
+    return device.type == "cuda" if option == "auto" else bool(option)
+
+
 # --------------------------------------------------------------------------------------------- module
 class S2M2Module(pl.LightningModule):
     """Backbone + cosine classifier + rotation head, trained by one S2M2 stage."""
@@ -87,17 +127,25 @@ class S2M2Module(pl.LightningModule):
         seed: int = 0,
         ncm_normalise: str = "none",
         data_config: dict[str, Any] | None = None,
+        channels_last: bool | str = "auto",
+        compile: bool | str = False,
     ) -> None:
         """``data_config`` records the data the backbone was trained on (dataset, root, reader options, image
-        size, normalisation), so ``evaluate.py checkpoint=...`` evaluates it on the same kind of data."""
+        size, normalisation), so ``evaluate.py checkpoint=...`` evaluates it on the same kind of data.
+
+        ``channels_last`` (true | false | auto) and ``compile`` (false | true | a torch.compile backend name) are
+        speed options applied by :meth:`setup` on the Trainer's device; they are not hyper-parameters.
+        """
         super().__init__()
+        self.channels_last_option = check_channels_last(channels_last)
+        self.compile_backend = check_compile(compile)
         if stage not in STAGES:
             raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
         if scheduler not in ("none", "cosine"):
             raise ConfigError(f"scheduler must be none or cosine, got {scheduler!r}")
         if ncm_normalise not in NCM_NORMALISATIONS:
             raise ConfigError(f"ncm must be one of {', '.join(NCM_NORMALISATIONS)}, got {ncm_normalise!r}")
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["channels_last", "compile"])
         self.backbone: Backbone = build_backbone(backbone, in_channels=in_channels, **dict(backbone_options or {}))
         bad = [m for m in mix_layers if m not in self.backbone.mix_points]
         if bad or not mix_layers:
@@ -106,10 +154,45 @@ class S2M2Module(pl.LightningModule):
         self.classifier = CosineClassifier(self.backbone.feature_dim, num_classes, head_scale, class_gain)
         self.rotation_head = RotationHead(self.backbone.feature_dim)
         self._eval_outputs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.uses_channels_last = False
+        self.compiled = False
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Backbone features ``[B, D]``."""
         return self.backbone(images)
+
+    # ----------------------------------------------------------------------------------- speed options
+    def setup(self, stage: str) -> None:
+        """Apply the speed options on the device the Trainer chose (before it moves the model there)."""
+        self.prepare_for_device(self.trainer.strategy.root_device)
+
+    def prepare_for_device(self, device: torch.device | str) -> None:
+        """Channels-last weights and the compiled backbone for training on ``device`` (idempotent).
+
+        Compilation is regional (:meth:`Backbone.compile_regions`): the stem, every block and the neck are
+        compiled one by one and the manifold-mixup point between them stays plain Python, so neither the mix
+        point nor λ (new every step) can cause a recompilation or a graph break. The state_dict keys do not
+        change, so checkpoints are the same either way.
+        """
+        device = torch.device(device)
+        self.uses_channels_last = resolve_channels_last(self.channels_last_option, device)
+        if self.uses_channels_last:
+            self.backbone.to(memory_format=torch.channels_last)
+        if self.compile_backend is not None and not self.compiled:
+            import torch._dynamo.config as dynamo_config
+
+            # all regions share nn.Module's call code, whose compiled variants torch caches together: one per
+            # region, train/eval mode and static/dynamic batch size — more than the default limit of 8
+            limit = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+            setattr(dynamo_config, limit, max(getattr(dynamo_config, limit), COMPILE_CACHE_SIZE))
+            self.backbone.compile_regions(self.compile_backend)
+            self.compiled = True
+
+    def _features(self, images: torch.Tensor, mixup: Mixup | None = None) -> torch.Tensor:
+        """Backbone features of ``images``, in NHWC memory format when ``channels_last`` is on."""
+        if self.uses_channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return self.backbone(images) if mixup is None else self.backbone(images, mixup)
 
     # ----------------------------------------------------------------------------------- training
     def on_train_epoch_start(self) -> None:
@@ -117,7 +200,7 @@ class S2M2Module(pl.LightningModule):
 
     def _rotation_loss(self, images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         rotated, class_labels, rotation_labels = rotate_batch(images, labels)
-        features = self.backbone(rotated)
+        features = self._features(rotated)
         class_logits = self.classifier(features)
         rotation_logits = self.rotation_head(features)
         class_loss = F.cross_entropy(class_logits, class_labels)
@@ -134,7 +217,7 @@ class S2M2Module(pl.LightningModule):
         images, labels = batch[0], batch[1]
         stage = self.hparams.stage
         if stage == "classifier":
-            logits = self.classifier(self.backbone(images))
+            logits = self.classifier(self._features(images))
             loss = F.cross_entropy(logits, labels)
             stats = {"acc": (logits.argmax(1) == labels).float().mean()}
         elif stage == "rotation":
@@ -144,10 +227,11 @@ class S2M2Module(pl.LightningModule):
             alpha = float(self.hparams.mixup_alpha)
             lam = float(np.random.beta(alpha, alpha))
             layer = int(self.hparams.mix_layers[int(torch.randint(len(self.hparams.mix_layers), ()))])
-            permutation = torch.randperm(batch_size).to(images.device)
-            logits = self.classifier(self.backbone(images, Mixup(layer, lam, permutation)))
+            # drawn on the batch's device: no blocking host-to-GPU copy per step (on CPU the same draws as ever)
+            permutation = torch.randperm(batch_size, device=images.device)
+            logits = self.classifier(self._features(images, Mixup(layer, lam, permutation)))
             mix_loss = lam * F.cross_entropy(logits, labels) + (1 - lam) * F.cross_entropy(logits, labels[permutation])
-            quarter = torch.randperm(batch_size)[: max(1, batch_size // 4)].to(images.device)
+            quarter = torch.randperm(batch_size, device=images.device)[: max(1, batch_size // 4)]
             rotation_loss, stats = self._rotation_loss(images[quarter], labels[quarter])
             loss = mix_loss + rotation_loss
             stats["mixup_loss"] = mix_loss.detach()
@@ -184,7 +268,7 @@ class S2M2Module(pl.LightningModule):
     def _features_step(self, batch: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Features of one evaluation batch, kept for NCM scoring and returned for callbacks
         (``FewShotEvaluationCallback`` collects them to run PUTM and its peers)."""
-        features = self.backbone(batch[0]).float()
+        features = self._features(batch[0]).float()
         self._eval_outputs.append((batch[2], features))
         return {"features": features, "labels": batch[1], "indices": batch[2]}
 

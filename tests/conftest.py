@@ -24,6 +24,16 @@ def make_clustered_features(classes: int = 10, per_class: int = 40, dim: int = 3
     return FeatureSet(features, labels, [f"class_{c}" for c in range(classes)], {"source": "synthetic"})
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.cuda`` tests are skipped, with the reason, where torch sees no CUDA device."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture
 def clustered() -> FeatureSet:
     return make_clustered_features()

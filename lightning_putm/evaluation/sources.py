@@ -128,7 +128,7 @@ def checkpoint_split(cfg: DictConfig, checkpoint_sha256: str,
         str(data.name), root=data.root, image_size=integer(data.image_size, "data.image_size", 1),
         eval_batch_size=integer(data.eval_batch_size, "data.eval_batch_size", 1), num_workers=integer(data.num_workers, "data.num_workers", 0),
         normalize=_data_mapping(data, "normalize"), eval_resize=float(positive(data.eval_resize, "data.eval_resize")),
-        options=_data_mapping(data, "options") or {},
+        options=_data_mapping(data, "options") or {}, download=data.get("download", False),
     )
     images = datamodule.split(split)
     if len(images) == 0:

@@ -27,12 +27,13 @@ from lightning_putm.config import (apply_overrides, apply_trainer_overrides, bui
                                    load_saved_config,
                                    load_yaml, peel_override, split_override, split_trainer_overrides, to_container,
                                    to_yaml)
-from lightning_putm.data.datamodule import EpisodeSettings, FewShotDataModule
+from lightning_putm.data.datamodule import EpisodeSettings, FewShotDataModule, LoaderSettings
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.evaluation.settings import EvaluationSettings, load_evaluate_config
 from lightning_putm.evaluation.settings import settings_from_config as evaluation_settings
 from lightning_putm.loggers import build_logger, console, finish_logger
-from lightning_putm.pretrain import STAGES, S2M2Module, check_resume_checkpoint, init_from_checkpoint
+from lightning_putm.pretrain import (STAGES, S2M2Module, check_channels_last, check_compile,
+                                     check_resume_checkpoint, init_from_checkpoint)
 from lightning_putm.runs import LATEST, latest_run, point_latest, run_dir, slug
 from lightning_putm.validators import flag, integer, mapping, number, parse_alpha, path, positive
 
@@ -103,6 +104,7 @@ class TrainSettings:
     log_dir: Path
     wandb: dict[str, Any]
     trainer: dict[str, Any]
+    loader: LoaderSettings = LoaderSettings()
     fewshot_eval: EvaluationSettings | None = None  # settings of the periodic PUTM/peer evaluation, or None
     fewshot_every: int | None = None
 
@@ -173,6 +175,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
     backbone_options = {k: v for k, v in to_container(cfg.backbone).items() if k != "name"}
     _check_backbone_options(backbone_options, str(cfg.backbone.name))
     trainer = {k: v for k, v in to_container(cfg.trainer).items() if k != "max_epochs"}
+    check_compile(cfg.compile, "compile")  # false | true | a torch.compile backend name
     return TrainSettings(
         dataset=str(cfg.data.name),
         backbone=str(cfg.backbone.name),
@@ -193,6 +196,8 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
             "head_scale": head_scale,
             "class_gain": flag(cfg.head.class_gain, "head.class_gain"),
             "ncm_normalise": str(cfg.ncm),
+            "channels_last": check_channels_last(cfg.channels_last, "channels_last"),
+            "compile": cfg.compile,
         },
         val_episodes=_episodes(cfg, "val_episodes"),
         test_episodes=_episodes(cfg, "test_episodes"),
@@ -201,9 +206,20 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         log_dir=path(cfg.log_dir, "log_dir"),
         wandb=mapping(cfg.wandb, "wandb"),
         trainer=trainer,
+        loader=_loader_settings(cfg),
         fewshot_every=_fewshot_every(cfg),
         fewshot_eval=_fewshot_settings(cfg),
     )
+
+
+def _loader_settings(cfg: DictConfig) -> LoaderSettings:
+    """``loader.*``: each ``auto`` or a value of its kind (checked by :class:`LoaderSettings`)."""
+    node = mapping(cfg.loader, "loader")
+    unknown = sorted(set(node) - set(LoaderSettings.__dataclass_fields__))
+    if unknown:
+        raise ConfigError(f"unknown key(s) loader.{', loader.'.join(unknown)}; loader keys: "
+                          f"{', '.join(LoaderSettings.__dataclass_fields__)}")
+    return LoaderSettings(**node)
 
 
 def _fewshot_every(cfg: DictConfig) -> int | None:
@@ -244,6 +260,8 @@ def build_datamodule(cfg: DictConfig, settings: TrainSettings) -> FewShotDataMod
         val_episodes=settings.val_episodes,
         test_episodes=settings.test_episodes,
         seed=settings.seed,
+        loader=settings.loader,
+        download=data.get("download", False),
     )
 
 
@@ -352,7 +370,10 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
     data_config = recorded_data_config(cfg)
     pl.seed_everything(settings.seed, workers=True, verbose=False)  # stage 0's seed, before its weights are drawn
     first_module = build_module(settings, datamodule.in_channels, train.num_classes, 0, data_config)
-    build_trainer(settings.trainer, logger=False, enable_checkpointing=False, max_epochs=1)  # bad trainer.* now
+    probe = build_trainer(settings.trainer, logger=False, enable_checkpointing=False, max_epochs=1)  # bad trainer.*
+    hint = precision_hint(probe.strategy.root_device.type, str(probe.precision))
+    if hint:
+        say(hint)
     results: list[StageResult] = []
     module: S2M2Module | None = None
     trainer: pl.Trainer | None = None
@@ -407,6 +428,14 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
                     f"class mean: {outcome[0]['test/acc']:.2f} ± {outcome[0]['test/ci95']:.2f}% "
                     f"({results[-1].best.name})")
     return results
+
+
+def precision_hint(device_type: str, precision: str) -> str | None:
+    """A one-line recommendation when a GPU trains in full fp32 (the default, kept for exact CPU results)."""
+    if device_type == "cuda" and precision in ("32-true", "32"):
+        return ("tip: training on CUDA in fp32; trainer.precision=bf16-mixed is faster on Ampere or newer GPUs "
+                "(16-mixed on older ones); see docs/gpu.md")
+    return None
 
 
 def build_module(settings: TrainSettings, in_channels: int, num_classes: int, index: int,

@@ -52,6 +52,16 @@ class Backbone(nn.Module):
                 x = mixup(x)
         return self.neck(x)
 
+    def compile_regions(self, backend: str = "inductor") -> None:
+        """``torch.compile`` the stem, every block and the neck, each in place (``nn.Module.compile``).
+
+        Compiling region by region keeps the manifold-mixup step between them in plain Python: the mix point
+        and λ change every step and would otherwise be traced into the graph and recompiled. The parameter
+        names (state_dict keys) do not change.
+        """
+        for region in (self.stem, *self.blocks, self.neck):
+            region.compile(backend=backend)
+
 
 class GlobalPoolNeck(nn.Module):
     """Optional final BN + ReLU (pre-activation nets), then global average pooling to ``[B, C]``."""

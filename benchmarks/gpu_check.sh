@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# gpu_check.sh — one command that checks lightning-putm on a CUDA machine and writes one markdown report.
+#
+#   bash benchmarks/gpu_check.sh [/path/to/PUTM]        # optional: a local checkout of RashLog/PUTM (the reference)
+#
+# Without a CUDA device it prints "no CUDA device: nothing to check" and exits 0. With one, it runs, each step
+# recorded (output, status, seconds) even when an earlier one failed:
+#   1. the CUDA-marked tests                        python -m pytest -m cuda -q
+#   2. the PUTM solver benchmark on cuda, T = 1000 and 10000, default solver (+ the reference implementation on
+#      the same GPU when a checkout is given) and --solver compiled     benchmarks/bench_putm.py
+#   3. the accuracy cross-check of the fast path against the fp32 engine    benchmarks/crosscheck_putm.py
+#   4. WRN-28-10 S2M2 training throughput at 84x84: fp32, bf16-mixed + channels-last, and the same compiled
+#                                                                          benchmarks/bench_pretrain.py
+# and writes <GPU_CHECK_OUT>/<UTC date>-<device>.md (default outputs/gpu_check/), whose path it prints. The exit
+# status is 0 only if every step passed.
+#
+# Environment: PUTM_REFERENCE (same as the argument), GPU_CHECK_OUT (report folder), GPU_CHECK_WHEELS (a folder
+# of wheels to install first when a needed package is missing; default .whl — see benchmarks/gpu_wheels.sh),
+# GPU_CHECK_STEP_TIMEOUT (seconds per step, default 300), PYTHON (default python3).
+# Python packages needed beyond torch: pytorch-lightning, omegaconf (+ antlr4-python3-runtime for omegaconf < 2.4),
+# scikit-learn, matplotlib, timm, tqdm, pyyaml, pytest, hypothesis. wandb is not needed here.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
+cd "$ROOT" || exit 2
+PYTHON="${PYTHON:-python3}"
+REFERENCE="${1:-${PUTM_REFERENCE:-}}"
+OUT_DIR="${GPU_CHECK_OUT:-outputs/gpu_check}"
+WHEELS="${GPU_CHECK_WHEELS:-.whl}"
+STEP_TIMEOUT="${GPU_CHECK_STEP_TIMEOUT:-300}"
+COMMAND="bash benchmarks/gpu_check.sh [/path/to/PUTM]"
+
+no_gpu() {
+    echo "no CUDA device: nothing to check"
+    echo "on a machine with a CUDA GPU, from the repository root, run: $COMMAND"
+    exit 0
+}
+
+# ------------------------------------------------------------------------------------------------ is there a GPU?
+# Cheap answers first (no Python start-up): GPUs hidden, or no NVIDIA device node at all (Linux; /dev/dxg: WSL).
+if [[ "${CUDA_VISIBLE_DEVICES-unset}" == "" || "${CUDA_VISIBLE_DEVICES-unset}" == "-1" ]]; then
+    no_gpu
+fi
+# GPU_CHECK_ASSUME_GPU=1 skips this look at /dev (the tests use it to run the report logic with a stand-in Python)
+if [[ "${GPU_CHECK_ASSUME_GPU:-0}" != 1 ]] && ! compgen -G "/dev/nvidia[0-9]*" >/dev/null && [[ ! -e /dev/dxg ]]; then
+    no_gpu
+fi
+if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    no_gpu
+fi
+
+# ------------------------------------------------------------------------------------------------ packages
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 WANDB_MODE=offline
+NEEDED="pytorch_lightning omegaconf sklearn matplotlib timm tqdm yaml pytest hypothesis"
+missing() {
+    "$PYTHON" - "$@" <<'EOF'
+import importlib.util, sys
+print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))
+EOF
+}
+MISSING="$(missing $NEEDED)"
+if [[ -n "$MISSING" && -d "$WHEELS" ]]; then
+    SITE="$(mktemp -d /tmp/gpu_check_site.XXXXXX)"
+    echo "installing the wheels of $WHEELS into $SITE (missing: $MISSING)"
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$WHEELS"/*.whl && export PYTHONPATH="$PYTHONPATH:$SITE"
+    MISSING="$(missing $NEEDED)"
+fi
+
+DEVICE_NAME="$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name(0))")"
+TORCH_VERSION="$("$PYTHON" -c "import torch; print(torch.__version__, 'CUDA', torch.version.cuda)")"
+SLUG="$(echo "$DEVICE_NAME" | tr -cs 'A-Za-z0-9' '-' | sed 's/^-*//; s/-*$//')"
+mkdir -p "$OUT_DIR" || exit 2
+REPORT="$OUT_DIR/$(date -u +%Y-%m-%d_%H-%M)-$SLUG.md"
+BODY="$(mktemp /tmp/gpu_check_body.XXXXXX)"
+SUMMARY="$(mktemp /tmp/gpu_check_summary.XXXXXX)"
+LOG="$(mktemp /tmp/gpu_check_log.XXXXXX)"
+FAILED=0
+
+ROWS="$(mktemp /tmp/gpu_check_rows.XXXXXX)"
+
+# run_step TITLE FORMAT COMMAND...: runs it under the step timeout, shows its output live, and records it
+# (FORMAT=row: a passing run's markdown table row joins the throughput table; text: the output in a code block).
+run_step() {
+    local title="$1" format="$2"
+    shift 2
+    echo "=== $title: $*"
+    local start=$SECONDS status
+    timeout "$STEP_TIMEOUT" "$@" 2>&1 | tee "$LOG"
+    status=${PIPESTATUS[0]}
+    local seconds=$((SECONDS - start)) result="passed"
+    if [[ $status -ne 0 ]]; then
+        result="FAILED (exit $status$([[ $status -eq 124 ]] && echo ", timed out after ${STEP_TIMEOUT} s"))"
+        FAILED=1
+    fi
+    echo "| $title | $result | $seconds |" >>"$SUMMARY"
+    {
+        echo "## $title"
+        echo
+        echo "\`$*\` — $result in $seconds s"
+        echo
+        if [[ "$format" == row && $status -eq 0 ]]; then
+            grep '^|' "$LOG" | tee -a "$ROWS"
+        else
+            echo '```'
+            tail -n 200 "$LOG"
+            echo '```'
+        fi
+        echo
+    } >>"$BODY"
+}
+
+if [[ -n "$MISSING" ]]; then
+    echo "| Python packages | FAILED (missing: $MISSING; see benchmarks/gpu_wheels.sh) | 0 |" >>"$SUMMARY"
+    FAILED=1
+fi
+
+run_step "CUDA-marked tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider
+REFERENCE_ARGS=()
+if [[ -n "$REFERENCE" ]]; then
+    REFERENCE_ARGS=(--reference "$REFERENCE")
+fi
+run_step "PUTM solver, default" text "$PYTHON" benchmarks/bench_putm.py --device cuda --sizes 1000 10000 \
+    "${REFERENCE_ARGS[@]}"
+run_step "PUTM solver, --solver compiled" text "$PYTHON" benchmarks/bench_putm.py --device cuda --sizes 1000 10000 \
+    --solver compiled
+if [[ -f benchmarks/crosscheck_putm.py ]]; then
+    run_step "Fast path vs fp32 engine" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000
+else
+    echo "| Fast path vs fp32 engine | FAILED (benchmarks/crosscheck_putm.py not found) | 0 |" >>"$SUMMARY"
+    FAILED=1
+fi
+PRETRAIN=("$PYTHON" benchmarks/bench_pretrain.py --device cuda --backbone wrn28_10 --image-size 84 --batch-size 64
+          --no-header)
+run_step "WRN-28-10 S2M2 training, fp32" row "${PRETRAIN[@]}" --precision 32-true
+run_step "WRN-28-10 S2M2 training, bf16-mixed + channels-last" row "${PRETRAIN[@]}" --precision bf16-mixed \
+    --channels-last
+run_step "WRN-28-10 S2M2 training, bf16-mixed + channels-last + compile" row "${PRETRAIN[@]}" \
+    --precision bf16-mixed --channels-last --compile
+
+{
+    echo "# gpu_check: $DEVICE_NAME"
+    echo
+    echo "- date (UTC): $(date -u '+%Y-%m-%d %H:%M')"
+    echo "- device: $DEVICE_NAME ($(nvidia-smi --query-gpu=memory.total,driver_version --format=csv,noheader 2>/dev/null \
+        | head -n 1 || echo 'nvidia-smi not available'))"
+    echo "- torch: $TORCH_VERSION"
+    echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git status --porcelain 2>/dev/null \
+        | grep -q . && echo ' (with uncommitted changes)')"
+    echo "- reference implementation: ${REFERENCE:-not given (pass a RashLog/PUTM checkout to compare)}"
+    echo
+    echo "| step | result | seconds |"
+    echo "|---|---|---|"
+    cat "$SUMMARY"
+    echo
+    echo "## WRN-28-10 S2M2 training throughput (s2m2r step, 84x84, batch 64, synthetic images)"
+    echo
+    "$PYTHON" benchmarks/bench_pretrain.py --header-only
+    cat "$ROWS"
+    echo
+    cat "$BODY"
+} >"$REPORT.tmp" && mv "$REPORT.tmp" "$REPORT"
+rm -f "$BODY" "$SUMMARY" "$LOG" "$ROWS"
+
+echo
+echo "report: $REPORT"
+if [[ $FAILED -ne 0 ]]; then
+    echo "gpu_check: some steps FAILED (see the report)"
+    exit 1
+fi
+echo "gpu_check: all steps passed"
