@@ -42,15 +42,19 @@ def normalise_arguments(args: list[str]) -> list[str]:
     return out
 
 
-def run_cli(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None, job: str | None = None) -> int:
+def run_cli(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None = None, job: str | None = None,
+            help_text: Callable[[str], str] | None = None) -> int:
     """Run ``main(argv)``; print user errors as one line (full traceback with ``debug=true``).
 
-    ``-h``/``--help`` prints every key of the ``job``'s config with type, default and meaning.
+    ``-h``/``--help`` prints every key of the ``job``'s config with type, default and meaning (``help_text``, given
+    ``main``'s docstring, writes it for a job whose help is built differently, such as ``evaluate.py predict``).
     """
     args = normalise_arguments(list(sys.argv[1:] if argv is None else argv))
     debug = any(a.replace(" ", "") in ("debug=true", "debug=True", "debug=1") for a in args)
     if any(a in ("-h", "--help", "help") for a in args):
-        if job is None:
+        if help_text is not None:
+            print(help_text(main.__doc__ or ""))
+        elif job is None:
             print((main.__doc__ or "").strip())
         else:
             from lightning_putm.help import job_help  # only for --help: reads every config file

@@ -106,6 +106,9 @@ LAYERS = [
     ("lightning_putm.pretrain", {"lightning_putm.evaluation", "lightning_putm.callbacks", "lightning_putm.jobs"}),
     ("lightning_putm.data", {"lightning_putm.evaluation", "lightning_putm.callbacks", "lightning_putm.jobs",
                              "lightning_putm.methods"}),
+    # folders → one task: data readers, the methods and tensors; no Lightning module, no evaluation run
+    ("lightning_putm.prediction", {"lightning_putm.evaluation", "lightning_putm.callbacks", "lightning_putm.jobs",
+                                   "lightning_putm.pretrain", "lightning_putm.feature_modules"}),
 ]
 
 
