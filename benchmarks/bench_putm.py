@@ -248,7 +248,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--em-steps", type=int, default=EM_STEPS,
                         help=f"EM steps actually run; below {EM_STEPS} the times are extrapolated (and marked)")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32", "bf16"])
-    parser.add_argument("--solver", default="fused", choices=["fused", "autograd"])
+    parser.add_argument("--solver", default="auto", choices=["auto", "compiled", "fused", "autograd"],
+                        help="PUTM engine (auto = compiled on CUDA, fused elsewhere)")
     parser.add_argument("--early-stop-tol", type=float, default=None)
     parser.add_argument("--max-chunk-tasks", type=int, default=None, help="PUTM chunk cap (default: automatic)")
     parser.add_argument("--cpu-workers", type=int, default=None, help="PUTM CPU workers (default: torch threads)")

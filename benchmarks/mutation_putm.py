@@ -164,7 +164,7 @@ MUTANTS = [
     Mutant("beta ignored (0.6)", PUTM + "__init__.py", "power_transform(x, self.settings.beta, self.name)",
            "power_transform(x, 0.6, self.name)"),
     Mutant("power transform eps 1e-3", PRE, "POWER_EPS = 1e-6", "POWER_EPS = 1e-3"),
-    Mutant("no L2 normalisation", PUTM + "__init__.py", "return l2_normalise(qr_reduce(x))", "return qr_reduce(x)"),
+    Mutant("no L2 normalisation", PUTM + "__init__.py", "return l2_normalise(coords)", "return coords"),
     Mutant("initial prototypes from all rows' first S", PUTM + "__init__.py",
            "prototypes = weighted_class_means(x[:, : tasks.num_support], one_hot)",
            "prototypes = weighted_class_means(x[:, -tasks.num_support:], one_hot)"),

@@ -15,13 +15,14 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_putm.config import (apply_overrides, apply_trainer_overrides, conf_dir, group_options, load_group,
                                    load_saved_config,
-                                   load_yaml, peel_override, split_override, split_trainer_overrides, to_container)
+                                   load_yaml, peel_override, resolve_override_value, split_override,
+                                   split_trainer_overrides, to_container)
 from lightning_putm.checkpoints import read_checkpoint
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.loggers import LOGGERS
 from lightning_putm.methods import available_methods, build_method, method_uses_base_mean
 from lightning_putm.runs import run_name
-from lightning_putm.validators import as_list, flag, integer, is_number, parse_alpha, positive
+from lightning_putm.validators import as_list, flag, integer, is_number, memory_budget, parse_alpha
 
 DEMO_TASKS = 100
 DEFAULT_TASKS = 1000
@@ -63,7 +64,7 @@ class EvaluationSettings:
     device: torch.device
     output_dir: Path | None  # None = a new run folder under RUN_ROOT (resolved by the job)
     allow_pickle: bool = False
-    memory_budget_mb: float = 2048.0
+    memory_budget_mb: float | str = 2048.0  # MB, or "auto" (free device memory on CUDA)
     progress: bool = True
     method_params: dict[str, dict[str, Any]] = field(default_factory=dict)
     base_features: str | None = None  # base-class feature file whose mean CL2N subtracts
@@ -173,6 +174,9 @@ def checkpoint_data_config(overrides: Sequence[str]) -> dict[str, Any] | None:
     """The ``data_config`` a ``checkpoint=`` override's file records (``None``: no checkpoint, an older checkpoint,
     or a file that cannot be read — the feature source reports that one with its own clear error)."""
     path = next((split_override(o)[1] for o in overrides if split_override(o)[0] == "checkpoint"), None)
+    if path is not None and "${" in path:  # e.g. checkpoint=${oc.env:PUTM_CHECKPOINT} in a sweep file
+        path = resolve_override_value("checkpoint", path)
+        path = None if path is None else str(path)
     if path in (None, "", "null") or not Path(path).is_file():
         return None
     try:
@@ -243,7 +247,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     else:
         tasks = integer(cfg.tasks, "tasks", 1)
     seed = integer(cfg.seed, "seed", 0)
-    budget = positive(cfg.memory_budget_mb, "memory_budget_mb")
+    budget = memory_budget(cfg.memory_budget_mb)
     oracle_prior = flag(cfg.get("oracle_prior", False), "oracle_prior")
     base_features = cfg.get("base_features")
     base_features = None if base_features in (None, "") else str(base_features)
@@ -300,7 +304,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         device=resolve_device(str(cfg.device)),
         output_dir=output_dir,
         allow_pickle=cfg.allow_pickle,
-        memory_budget_mb=float(budget),
+        memory_budget_mb=budget,
         progress=bool(cfg.progress),
         method_params=method_params,
         base_features=base_features,

@@ -5,7 +5,9 @@ probabilities ``[T, Q, N]`` for every query. Methods know only tensors: no datas
 Lightning import. Work stays on the device of the input tensors.
 
 Large batches are split into chunks so that the method's working memory stays under
-``memory_budget_mb``; every task is solved independently, so chunking never changes a result.
+``memory_budget_mb``; every task is solved independently, so chunking never changes a result. On CUDA the
+budget is also capped by the device's free memory (``memory_budget_mb: auto``: by that alone), and a chunk
+that still runs out of device memory is halved and retried (:meth:`FewShotMethod.predict`), so nothing is lost.
 
 Oracle prior: a method that needs the class marginal (``uses_class_prior = True``, e.g. PT-MAP)
 uses the uniform one. Only when the user sets the explicit, default-off ``oracle_prior`` switch does the
@@ -17,19 +19,47 @@ result can be labelled. No other method ever receives counts.
 from __future__ import annotations
 
 import math
+import sys
 from abc import ABC, abstractmethod
 from typing import Callable, ClassVar
 
 import torch
+from tqdm.auto import tqdm
 
 from lightning_putm.errors import FeatureError
 from lightning_putm.tasks import TaskBatch
+
+#: ``memory_budget_mb: auto`` where the free memory cannot be asked (CPU): the fixed default budget.
+AUTO_BUDGET_MB = 2048.0
+#: Share of a CUDA device's free memory a chunk may plan to use: ``bytes_per_task`` is an estimate, and the
+#: allocator's fragmentation, kernel workspaces and other processes need the rest.
+FREE_MEMORY_FRACTION = 0.8
+#: What a device raises when an allocation fails (``torch.cuda.OutOfMemoryError`` is the same class).
+OUT_OF_MEMORY: type[BaseException] = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+
+
+def free_device_memory(device: torch.device) -> int | None:
+    """Bytes a new chunk can still use on ``device``: CUDA's free memory plus what PyTorch's caching allocator
+    holds unused; ``None`` where free memory is not known (CPU and other devices)."""
+    if device.type != "cuda":
+        return None
+    free, _total = torch.cuda.mem_get_info(device)
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(free) + max(0, int(cached))
+
+
+def release_cached_memory(device: torch.device) -> None:
+    """Give the caching allocator's unused blocks back after an out-of-memory error (CUDA only)."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 class FewShotMethod(ABC):
     """Base class: subclasses implement :meth:`solve` for one chunk of tasks."""
 
     name: ClassVar[str] = "method"
+    #: How figures and docs print the method (e.g. ``α-TIM`` for ``alpha_tim``); empty = use ``name``.
+    display_name: ClassVar[str] = ""
     #: True when the method needs the class marginal and may receive true counts under ``oracle_prior``.
     uses_class_prior: ClassVar[bool] = False
     #: True when the method normalises with a base-class feature mean (CL2N) and falls back to L2N without one.
@@ -37,13 +67,16 @@ class FewShotMethod(ABC):
     #: True when the method whitens with the base classes' within-class scatter (BAVARDAGE) when one is given.
     uses_base_covariance: ClassVar[bool] = False
 
-    def __init__(self, memory_budget_mb: float = 2048.0, show_progress: bool = False,
+    def __init__(self, memory_budget_mb: float | str = 2048.0, show_progress: bool = False,
                  query_counts: torch.Tensor | None = None) -> None:
-        if memory_budget_mb <= 0:
-            raise ValueError("memory_budget_mb must be positive")
+        if memory_budget_mb != "auto" and (isinstance(memory_budget_mb, (str, bool)) or not memory_budget_mb > 0):
+            raise ValueError(f"memory_budget_mb must be a positive number of MB or 'auto', got {memory_budget_mb!r}")
         if query_counts is not None and not self.uses_class_prior:
             raise ValueError(f"{self.name} does not use a class prior; it must not receive query counts")
-        self.memory_budget_mb = float(memory_budget_mb)
+        #: Cap on a chunk's working memory in MB, or ``"auto"`` (free device memory; 2048 MB on CPU).
+        self.memory_budget_mb: float | str = "auto" if memory_budget_mb == "auto" else float(memory_budget_mb)
+        #: The chunk size the last :meth:`predict` ended with (smaller than planned after an out-of-memory retry).
+        self.last_chunk_size: int | None = None
         self.show_progress = show_progress
         #: True per-task query counts ``[T, N]`` (oracle prior only); ``None`` in every fair evaluation.
         self.oracle_counts = None if query_counts is None else torch.as_tensor(query_counts)
@@ -68,8 +101,18 @@ class FewShotMethod(ABC):
         n = tasks.num_support + tasks.num_queries
         return 4 * (n * tasks.dim * 4 + tasks.num_queries * tasks.ways * 8)
 
+    def memory_budget_bytes(self, device: torch.device) -> float:
+        """Working memory a chunk may use on ``device``: ``memory_budget_mb``, on CUDA at most
+        :data:`FREE_MEMORY_FRACTION` of the free memory; ``auto`` = that share alone (CPU: 2048 MB)."""
+        cap = None if self.memory_budget_mb == "auto" else float(self.memory_budget_mb) * 2**20
+        free = free_device_memory(device)
+        if free is None:
+            return AUTO_BUDGET_MB * 2**20 if cap is None else cap
+        available = FREE_MEMORY_FRACTION * free
+        return available if cap is None else min(cap, available)
+
     def chunk_size(self, tasks: TaskBatch) -> int:
-        budget = self.memory_budget_mb * 2**20
+        budget = self.memory_budget_bytes(tasks.support.device)
         fit = budget / max(1, self.bytes_per_task(tasks))  # may be inf for an absurd budget: then all tasks fit
         return max(1, tasks.num_tasks if fit >= tasks.num_tasks else int(fit))
 
@@ -83,7 +126,12 @@ class FewShotMethod(ABC):
             raise ValueError(f"support labels must lie in 0..{tasks.ways - 1}")
 
     def predict(self, tasks: TaskBatch, on_chunk: Callable[[int], None] | None = None) -> torch.Tensor:
-        """Probabilities ``[T, Q, N]`` for all tasks, solved in memory-bounded chunks."""
+        """Probabilities ``[T, Q, N]`` for all tasks, solved in memory-bounded chunks.
+
+        A chunk that runs out of device memory is halved and solved again, and later chunks keep the smaller
+        size (one notice per halving on stderr); tasks are independent, so the result is the same. A single
+        task that does not fit raises a :class:`RuntimeError`.
+        """
         self.check_input(tasks)
         counts = self.oracle_counts
         if counts is not None and tuple(counts.shape) != (tasks.num_tasks, tasks.ways):
@@ -93,15 +141,34 @@ class FewShotMethod(ABC):
             )
         size = self.chunk_size(tasks)
         outputs = []
-        for start in range(0, tasks.num_tasks, size):
+        start = 0
+        while start < tasks.num_tasks:
             stop = min(start + size, tasks.num_tasks)
             chunk = tasks.slice(start, stop)
-            if counts is None:
-                outputs.append(self.solve(chunk))
-            else:
-                outputs.append(self.solve(chunk, class_counts=counts[start:stop].to(chunk.device)))  # type: ignore[call-arg]
+            out_of_memory = False
+            try:
+                if counts is None:
+                    outputs.append(self.solve(chunk))
+                else:
+                    outputs.append(self.solve(chunk, class_counts=counts[start:stop].to(chunk.device)))  # type: ignore[call-arg]
+            except OUT_OF_MEMORY as error:
+                if stop - start == 1:
+                    raise RuntimeError(
+                        f"{self.name}: out of memory on {chunk.device} while solving a single task "
+                        f"({str(error).splitlines()[0] if str(error) else 'no details'}); free device memory (other "
+                        "processes on it), use smaller tasks (fewer queries or ways), or run on the CPU (device=cpu)"
+                    ) from error
+                out_of_memory = True  # handled outside `except`, so the failed chunk's tensors can be freed
+            if out_of_memory:
+                size = (stop - start) // 2
+                release_cached_memory(chunk.device)
+                tqdm.write(f"{self.name}: out of memory on {chunk.device} with {stop - start} tasks per chunk; "
+                           f"retrying with {size} tasks per chunk", file=sys.stderr)
+                continue
             if on_chunk is not None:
                 on_chunk(chunk.num_tasks)
+            start = stop
+        self.last_chunk_size = size
         return torch.cat(outputs)
 
     def num_chunks(self, tasks: TaskBatch) -> int:

@@ -19,7 +19,8 @@ over tasks or pairs. The CT-EM loop of the paper's Algorithm 1 (:meth:`PUTM.em_l
 
 4. A final E-step; the prediction is π_f(k|j).
 
-Speed options that are not in the paper: ``solver`` (:mod:`.engines`), ``precision`` (:mod:`.precision`),
+Speed options that are not in the paper: ``solver`` (:mod:`.engines`, :mod:`.compiled`), ``init_draw``,
+``precision`` (:mod:`.precision`),
 ``early_stop_tol``, ``max_chunk_tasks`` and ``cpu_workers`` (:mod:`.workers`); ``canonical_query_order``
 (:mod:`.query_order`) makes the result independent of the order of the queries.
 """
@@ -33,9 +34,11 @@ import torch
 from tqdm.auto import tqdm
 
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.preprocessing import l2_normalise, power_transform, qr_reduce
+from lightning_putm.methods.preprocessing import l2_normalise, power_transform, reduce_basis
 from lightning_putm.methods.putm.adam import ADAM_EPS, StackedAdam
-from lightning_putm.methods.putm.engines import AutogradTrainer, FusedTrainer, e_step_autograd, make_trainer
+from lightning_putm.methods.putm.compiled import CompiledTrainer, DeviceAdam, masked_em_loop
+from lightning_putm.methods.putm.engines import (AutogradTrainer, FusedTrainer, e_step_autograd, make_trainer,
+                                                 resolve_solver)
 from lightning_putm.methods.putm.loss import ct_loss, ct_loss_gradient
 from lightning_putm.methods.putm.m_step import m_step, query_weights, settled
 from lightning_putm.methods.putm.navigator import GEMM_MIN_WIDTH, Navigator, select_tasks
@@ -46,7 +49,7 @@ from lightning_putm.methods.putm.workers import (CPU_MAX_CHUNK_TASKS, solve_in_t
                                                  worker_count)
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
-Trainer = FusedTrainer | AutogradTrainer
+Trainer = FusedTrainer | AutogradTrainer | CompiledTrainer
 
 
 @dataclass
@@ -75,6 +78,7 @@ class PUTM(FewShotMethod):
     """The CT-EM solver of PUTM, batched over tasks."""
 
     name = "putm"
+    display_name = "PUTM"
 
     def __init__(
         self,
@@ -95,12 +99,14 @@ class PUTM(FewShotMethod):
         reinit_navigator: bool = False,
         prototype_update: str = "forward",
         canonical_query_order: bool = True,
-        solver: str = "fused",
+        solver: str = "auto",
+        init_draw: str = "cpu",
         precision: str = "auto",
         early_stop_tol: float | None = None,
         max_chunk_tasks: int | None = None,
         cpu_workers: int | None = None,
-        memory_budget_mb: float = 2048.0,
+        basis: str = "qr",
+        memory_budget_mb: float | str = 2048.0,
         show_progress: bool = False,
     ) -> None:
         super().__init__(memory_budget_mb=memory_budget_mb, show_progress=show_progress)
@@ -109,8 +115,9 @@ class PUTM(FewShotMethod):
             inertia_one_shot=inertia_one_shot, inertia_few_shot=inertia_few_shot, inner_steps=inner_steps,
             em_steps=em_steps, lr=lr, adam_betas=adam_betas, hidden=hidden, init_tasks=init_tasks,
             reinit_navigator=reinit_navigator, prototype_update=prototype_update,
-            canonical_query_order=canonical_query_order, solver=solver, precision=precision,
-            early_stop_tol=early_stop_tol, max_chunk_tasks=max_chunk_tasks, cpu_workers=cpu_workers)
+            canonical_query_order=canonical_query_order, solver=solver, init_draw=init_draw, precision=precision,
+            early_stop_tol=early_stop_tol, max_chunk_tasks=max_chunk_tasks, cpu_workers=cpu_workers,
+            basis=basis)
         self.last_state: dict[str, torch.Tensor] = {}
         #: The precision the last chunk actually ran in (``auto`` resolved for its device).
         self.last_precision: str | None = None
@@ -123,7 +130,7 @@ class PUTM(FewShotMethod):
         m = min(tasks.dim, n)
         pairs = tasks.num_queries * tasks.ways
         hidden = sum(self.settings.hidden)
-        if self.settings.solver == "fused":
+        if resolve_solver(self.settings.solver, tasks.support.device) in ("fused", "compiled"):
             # squared differences, activations and their gradients, padded output + its gradient, and the
             # CT head; flat parameters, gradients and two Adam moments (+ the Adam denominator)
             params = Navigator.numel([m, *self.settings.hidden, 1], 1)
@@ -193,10 +200,12 @@ class PUTM(FewShotMethod):
 
     # ------------------------------------------------------------------------------------------ the method
     def preprocess(self, tasks: TaskBatch) -> torch.Tensor:
-        """Rows ``[T, S+Q, m]`` (§3.1): power transform, per-task QR basis, L2 normalisation."""
+        """Rows ``[T, S+Q, m]`` (§3.1): power transform, per-task basis (``basis``: QR, or the sign-equivalent
+        Cholesky factor of the Gram matrix, :mod:`..preprocessing`), L2 normalisation."""
         x = torch.cat([tasks.support, tasks.query], dim=1)
         x = power_transform(x, self.settings.beta, self.name)
-        return l2_normalise(qr_reduce(x))
+        coords, _ = reduce_basis(x, self.settings.basis, self.name)
+        return l2_normalise(coords)
 
     def _solve(self, tasks: TaskBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         s = self.settings
@@ -206,8 +215,9 @@ class PUTM(FewShotMethod):
         prototypes = weighted_class_means(x[:, : tasks.num_support], one_hot)  # support class means
         initial_prototypes = prototypes.clone()
         generators = [torch.Generator().manual_seed(int(seed)) for seed in tasks.task_seeds.tolist()]
+        seeds = tasks.task_seeds.to(x.device) if s.init_draw == "device" else None
         navigator = Navigator([x.shape[2], *s.hidden, 1], generators, s.init_tasks, x.device, x.dtype,
-                              s.negative_slope, requires_grad=s.solver == "autograd")
+                              s.negative_slope, requires_grad=s.solver == "autograd", seeds=seeds)
         trainer = make_trainer(navigator, s, compute_dtype(resolve_precision(s.precision, x.device)))
         forward, prototypes, em_steps = self.em_loop(trainer, x, one_hot, prototypes, generators, tasks.ways)
         # For inspection (plots): the chunk, in the preprocessed space (support rows, then queries).
@@ -222,6 +232,8 @@ class PUTM(FewShotMethod):
         With ``early_stop_tol`` a task whose prototypes moved by at most the tolerance (max abs change)
         gets its final E-step at once and leaves the batch, so its result does not depend on the others.
         """
+        if getattr(trainer, "fixed_batch", False):  # the compiled engine: finished tasks frozen by a mask
+            return masked_em_loop(self, trainer, rows, one_hot, prototypes, generators, ways)
         s = self.settings
         total, num_support = rows.shape[0], one_hot.shape[1]
         forward_out = rows.new_empty(total, rows.shape[1] - num_support, ways)
@@ -300,6 +312,7 @@ class PUTM(FewShotMethod):
 
 
 __all__ = ["ADAM_EPS", "CPU_MAX_CHUNK_TASKS", "EMStep", "GEMM_MIN_WIDTH", "PRECISIONS", "PROTOTYPE_UPDATES", "PUTM",
-           "PUTMSettings", "SOLVERS", "AutogradTrainer", "FusedTrainer", "Navigator", "StackedAdam",
+           "PUTMSettings", "SOLVERS", "AutogradTrainer", "CompiledTrainer", "DeviceAdam", "FusedTrainer", "Navigator",
+           "StackedAdam",
            "canonical_query_order", "ct_loss", "ct_loss_gradient", "e_step_autograd", "matmul_precision",
-           "resolve_precision", "select_tasks"]
+           "resolve_precision", "resolve_solver", "select_tasks"]

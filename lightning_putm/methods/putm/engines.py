@@ -1,12 +1,18 @@
 """The E-step: ``inner_steps`` Adam steps of every task's navigator on the CT loss (paper §3, Algorithm 1).
 
-Two interchangeable engines (``putm.solver``):
+Interchangeable engines (``putm.solver``; ``auto``, the default, is ``compiled`` on CUDA and ``fused``
+elsewhere, :func:`resolve_solver`):
 
-* :class:`FusedTrainer` (``fused``, default): a hand-written backward of the navigator MLP and of the CT
+* :class:`FusedTrainer` (``fused``): a hand-written backward of the navigator MLP and of the CT
   loss, written into one flat gradient buffer, and one :class:`StackedAdam` update over the flat buffer of
   all stacked per-task weights. It replays exactly the floating-point operations that autograd and
   ``torch.optim.Adam`` perform (same kernels, same operand order), so in fp32 on CPU its results are
   bit-identical to the ``autograd`` engine, with about half the memory traffic and no per-step allocations.
+  (Bit-identity is a CPU statement: on a GPU, cuBLAS and the reduction kernels may choose different
+  algorithms by shape, so engines and batch sizes agree to float rounding there.)
+* :class:`~.compiled.CompiledTrainer` (``compiled``): the same mathematics with device-side Adam state, one
+  fused Adam kernel, a ``torch.compile``-able step function and CUDA-graph replay of the inner steps
+  (:mod:`.compiled`); agrees with ``fused`` to float rounding, not bit-for-bit.
 * :class:`AutogradTrainer` (``autograd``): the plain formulation (autograd + ``torch.optim.Adam``), kept as
   the executable specification.
 
@@ -16,10 +22,13 @@ code (github.com/RashLog/PUTM).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.nn.functional as F
 
 from lightning_putm.methods.putm.adam import StackedAdam
+from lightning_putm.methods.putm.compiled import CompiledTrainer
 from lightning_putm.methods.putm.loss import ct_loss, ct_loss_gradient
 from lightning_putm.methods.putm.navigator import Navigator, select_tasks
 from lightning_putm.methods.putm.settings import PUTMSettings
@@ -32,7 +41,7 @@ class FusedTrainer:
     CT-loss gradient w.r.t. the logits (:func:`ct_loss_gradient`), the backward pass written straight into
     a flat gradient buffer shaped like ``navigator.flat``, and one :class:`StackedAdam` update. The
     operations replay autograd's (bmm with the same operand order; the LeakyReLU mask taken from the
-    output, whose sign equals the input's), so the fp32 results equal the ``autograd`` engine's. With a
+    output, whose sign equals the input's), so the fp32 results on CPU equal the ``autograd`` engine's. With a
     ``compute_dtype`` of bfloat16 the products run in bf16 on casts of the float32 master weights.
     """
 
@@ -184,8 +193,22 @@ def e_step_autograd(navigator: Navigator, optimiser: torch.optim.Optimizer, quer
     return forward.detach(), backward.detach()
 
 
+def resolve_solver(solver: str, device: torch.device) -> str:
+    """``auto`` → ``compiled`` on CUDA (CUDA graphs, compiled step), ``fused`` elsewhere; others unchanged.
+
+    On CPU ``fused`` stays the default: it is the bit-exact engine and ``compiled`` was not faster on a
+    2-core CPU (docs/gpu.md).
+    """
+    if solver != "auto":
+        return solver
+    return "compiled" if device.type == "cuda" else "fused"
+
+
 def make_trainer(navigator: Navigator, settings: PUTMSettings,
-                 compute_dtype: torch.dtype) -> FusedTrainer | AutogradTrainer:
-    """The E-step engine chosen by ``settings.solver``."""
+                 compute_dtype: torch.dtype) -> FusedTrainer | AutogradTrainer | CompiledTrainer:
+    """The E-step engine chosen by ``settings.solver`` (``auto`` resolved for the navigator's device)."""
+    settings = dataclasses.replace(settings, solver=resolve_solver(settings.solver, navigator.flat.device))
+    if settings.solver == "compiled":
+        return CompiledTrainer(navigator, settings, compute_dtype)
     trainer_class = FusedTrainer if settings.solver == "fused" else AutogradTrainer
     return trainer_class(navigator, settings, compute_dtype)

@@ -8,7 +8,9 @@ a batch of tasks is one batched matrix product per layer.
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +31,13 @@ class Navigator:
     """
 
     def __init__(self, widths: list[int], generators: list[torch.Generator], init_tasks: int,
-                 device: torch.device, dtype: torch.dtype, negative_slope: float, requires_grad: bool = True) -> None:
+                 device: torch.device, dtype: torch.dtype, negative_slope: float, requires_grad: bool = True,
+                 seeds: torch.Tensor | None = None) -> None:
+        """``seeds`` (``[T]`` integer task seeds, ``init_draw=device``): every draw, the initial one and each
+        :meth:`redraw`, runs on the device (:func:`device_normal`) instead of from the per-task CPU ``generators``."""
         self.widths = widths
+        self.seeds = seeds if seeds is None else seeds.to(device)
+        self.draws = 0  # draws so far: the counter of the device-side draw
         self.init_tasks = init_tasks
         self.negative_slope = negative_slope
         self.num_tasks = len(generators)
@@ -67,18 +74,34 @@ class Navigator:
 
     @torch.no_grad()
     def redraw(self, generators: list[torch.Generator]) -> None:
-        for w, b in zip(self.weights, self.biases):
+        """New weights at the Xavier scale, biases 0: from the per-task CPU ``generators``, or on the device
+        from :attr:`seeds` when given (draw number :attr:`draws`, so each re-draw gets new values)."""
+        if self.seeds is None:
+            self._draw(lambda layer, fan_in, fan_out:
+                       torch.stack([torch.randn(fan_in, fan_out, generator=g) for g in generators]))
+        else:
+            seeds, draw = self.seeds, self.draws
+            self._draw(lambda layer, fan_in, fan_out: device_normal(seeds, draw, layer, (fan_in, fan_out)))
+        self.draws += 1
+
+    def _draw(self, normals: Callable[[int, int, int], torch.Tensor]) -> None:
+        """Weights ``normals(layer, fan_in, fan_out) · std`` (``[T, in, out]`` standard normals); biases to 0."""
+        for layer, (w, b) in enumerate(zip(self.weights, self.biases)):
             _, fan_in, fan_out = w.shape
-            std = math.sqrt(2.0 / (fan_out * (fan_in + self.init_tasks)))
-            draws = torch.stack([torch.randn(fan_in, fan_out, generator=g) for g in generators])
-            w.copy_(draws.mul_(std))
+            std = self.init_std(fan_in, fan_out)
+            w.copy_(normals(layer, fan_in, fan_out).mul_(std))
             b.zero_()
+
+    def init_std(self, fan_in: int, fan_out: int) -> float:
+        """The reference's Xavier-normal scale for a stacked ``[T_init, in, out]`` tensor."""
+        return math.sqrt(2.0 / (fan_out * (fan_in + self.init_tasks)))
 
     @torch.no_grad()
     def select(self, index: torch.Tensor) -> Navigator:
         """The navigators of tasks ``index`` (a copy)."""
         chosen = object.__new__(Navigator)
         chosen.widths, chosen.init_tasks, chosen.negative_slope = self.widths, self.init_tasks, self.negative_slope
+        chosen.seeds, chosen.draws = (None if self.seeds is None else self.seeds[index]), self.draws
         chosen.num_tasks = len(index)
         chosen.flat = select_tasks(self, self.flat, index)
         chosen.stored, chosen.biases = chosen.views(chosen.flat)
@@ -93,8 +116,9 @@ class Navigator:
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
             if w.shape[2] < GEMM_MIN_WIDTH:
                 # A width-1 output would take BLAS's GEMV path, whose rounding depends on the batch size
-                # (and Adam amplifies it); zero-padding the width keeps it on the GEMM path, so a task's
-                # result is bit-identical alone or in a batch (tests/test_putm.py checks this).
+                # (and Adam amplifies it); zero-padding the width keeps it on the GEMM path, so on CPU a
+                # task's result is bit-identical alone or in a batch (tests/test_putm.py checks this). On a
+                # GPU, cuBLAS may pick kernels by batch size: there results agree to float rounding only.
                 padded = F.pad(w, (0, GEMM_MIN_WIDTH - w.shape[2]))
                 x = torch.bmm(x, padded)[:, :, : w.shape[2]] + b
             else:
@@ -108,3 +132,56 @@ def select_tasks(navigator: Navigator, flat: torch.Tensor, index: torch.Tensor) 
     """Rows ``index`` of every per-task segment of a buffer laid out like ``navigator.flat``."""
     weights, biases = navigator.views(flat)
     return torch.cat([part.index_select(0, index).flatten() for part in [*weights, *biases]])
+
+
+# ------------------------------------------------------------------------------ the device-side draw
+_MASK32 = 0xFFFFFFFF
+_MULTIPLIERS = (0x7FEB352D, 0x2C1B3C6D, 0x297A2D39)  # odd, < 2^31: products stay inside int64
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (xor-shift-multiply rounds) of int64 values in ``[0, 2^32)``; same on every device."""
+    for multiplier in _MULTIPLIERS:
+        x = x ^ (x >> 16)
+        x = (x * multiplier) & _MASK32
+    return x ^ (x >> 15)
+
+
+def device_normal(seeds: torch.Tensor, draw: int, layer: int, shape: tuple[int, int],
+                  max_elements: int = 1 << 24) -> torch.Tensor:
+    """Standard normals ``[T, *shape]`` for tasks with integer ``seeds`` ``[T]``, on the seeds' device.
+
+    Counter-based: element ``i`` of task ``t`` is a Box–Muller normal of two hashes of
+    ``(seed_t, draw, layer, i)``, so it never depends on the other tasks, the chunking or the device's
+    random state. The integer hashes are exact on every device; the log/cos (compiled into one kernel on
+    CUDA) round differently across devices, so CPU and GPU draws agree to float rounding, not bit-for-bit.
+    Computed in task slices of at most ``max_elements`` values (memory).
+    """
+    seeds = seeds.to(torch.int64)
+    folded = (seeds & _MASK32) ^ ((seeds >> 32) & _MASK32)
+    key = hash32((hash32(folded) + ((draw * 0x3C6EF372 + layer * 0x1B873593) & _MASK32)) & _MASK32)
+    first_key, second_key = hash32(key), hash32((key + 0x9E3779B9) & _MASK32)  # two streams per key
+    count = shape[0] * shape[1]
+    index = torch.arange(count, device=seeds.device, dtype=torch.int64)
+    out = torch.empty(len(seeds), count, device=seeds.device, dtype=torch.float32)
+    step = max(1, max_elements // max(count, 1))
+    normals = _compiled_box_muller() if seeds.device.type == "cuda" else box_muller
+    for start in range(0, len(seeds), step):
+        k1, k2 = first_key[start : start + step].unsqueeze(1), second_key[start : start + step].unsqueeze(1)
+        out[start : start + step] = normals(index, k1, k2)
+    return out.view(len(seeds), *shape)
+
+
+def box_muller(index: torch.Tensor, k1: torch.Tensor, k2: torch.Tensor) -> torch.Tensor:
+    """Normals ``[K, I]`` from two hashed uniform streams of element ``index`` ``[I]`` under keys ``[K, 1]``."""
+    first = hash32(hash32(index ^ k1) ^ k2)
+    second = hash32(hash32(index ^ k2) ^ k1)
+    u1 = ((first >> 8) + 1).float() * 2.0**-24  # (0, 1]: the log is finite
+    u2 = (second >> 8).float() * 2.0**-24
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos((2.0 * math.pi) * u2)
+
+
+@functools.cache
+def _compiled_box_muller():
+    """:func:`box_muller` fused into one kernel by ``torch.compile`` (CUDA only: ~25 elementwise passes → 1)."""
+    return torch.compile(box_muller, dynamic=True)

@@ -15,7 +15,9 @@ from lightning_putm.methods.putm.navigator import GEMM_MIN_WIDTH
 from lightning_putm.methods.putm.precision import PRECISIONS
 
 PROTOTYPE_UPDATES = ("forward", "backward", "mixed")
-SOLVERS = ("fused", "autograd")
+SOLVERS = ("auto", "compiled", "fused", "autograd")
+INIT_DRAWS = ("cpu", "device")
+BASES = ("qr", "cholesky")
 
 
 @dataclass(frozen=True)
@@ -36,21 +38,24 @@ class PUTMSettings:
     prototype_update: str = "forward"
     canonical_query_order: bool = True
     negative_slope: float = 0.01
-    solver: str = "fused"
+    solver: str = "auto"
+    init_draw: str = "cpu"
     precision: str = "auto"
     early_stop_tol: float | None = None
     max_chunk_tasks: int | None = None
     cpu_workers: int | None = None
+    basis: str = "qr"
 
 
 def resolve_settings(*, shots: int, balanced: bool, beta, rho, theta, inertia, inertia_one_shot, inertia_few_shot,
                      inner_steps, em_steps, lr, adam_betas, hidden, init_tasks, reinit_navigator, prototype_update,
                      canonical_query_order, solver, precision, early_stop_tol, max_chunk_tasks,
-                     cpu_workers) -> PUTMSettings:
+                     cpu_workers, init_draw="cpu", basis="qr") -> PUTMSettings:
     """Checked settings; ``rho``/``theta``/``inertia`` of ``None`` take the reference's value for the setting
     (balanced or Dirichlet tasks, 1 shot or more). Raises :class:`ConfigError` on a bad value."""
     for key, value, allowed in (("prototype_update", prototype_update, PROTOTYPE_UPDATES),
-                                ("solver", solver, SOLVERS), ("precision", precision, PRECISIONS)):
+                                ("solver", solver, SOLVERS), ("precision", precision, PRECISIONS),
+                                ("init_draw", init_draw, INIT_DRAWS), ("basis", basis, BASES)):
         if value not in allowed:
             raise ConfigError(f"putm.{key} must be one of {', '.join(allowed)}; got {value!r}")
     if rho is None:
@@ -75,16 +80,16 @@ def resolve_settings(*, shots: int, balanced: bool, beta, rho, theta, inertia, i
         if value is not None and int(value) < 1:
             raise ConfigError(f"putm.{key} must be null (automatic) or >= 1, got {value}")
     hidden = tuple(int(h) for h in hidden)
-    if solver == "fused" and min(hidden, default=GEMM_MIN_WIDTH) < GEMM_MIN_WIDTH:
-        raise ConfigError(f"putm.solver=fused needs hidden widths >= {GEMM_MIN_WIDTH}, got {list(hidden)}; "
+    if solver != "autograd" and min(hidden, default=GEMM_MIN_WIDTH) < GEMM_MIN_WIDTH:
+        raise ConfigError(f"putm.solver={solver} needs hidden widths >= {GEMM_MIN_WIDTH}, got {list(hidden)}; "
                           "use solver=autograd")
     return PUTMSettings(
         beta=float(beta), rho=float(rho), theta=float(theta), inertia=float(inertia),
         inner_steps=int(inner_steps), em_steps=int(em_steps), lr=float(lr),
         adam_betas=(float(adam_betas[0]), float(adam_betas[1])), hidden=hidden,
         init_tasks=int(init_tasks), reinit_navigator=bool(reinit_navigator), prototype_update=prototype_update,
-        canonical_query_order=bool(canonical_query_order), solver=solver, precision=precision,
+        canonical_query_order=bool(canonical_query_order), solver=solver, init_draw=init_draw, precision=precision,
         early_stop_tol=None if early_stop_tol is None else float(early_stop_tol),
         max_chunk_tasks=None if max_chunk_tasks is None else int(max_chunk_tasks),
-        cpu_workers=None if cpu_workers is None else int(cpu_workers),
+        cpu_workers=None if cpu_workers is None else int(cpu_workers), basis=basis,
     )

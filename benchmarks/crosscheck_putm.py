@@ -1,0 +1,127 @@
+"""Accuracy cross-check of PUTM's fast engine against its specification, on the same seeded tasks.
+
+Runs ``solver=fused`` in fp32 (the executable specification) and ``solver=compiled`` in fp32 and bf16 on the
+same tasks (synthetic features of ``benchmarks/bench_methods.py``: 5-way 1-shot, 75 queries,
+Dirichlet(2) class balance, d = 640; or ``--features FILE``, a ``.pt`` tensor dict with ``features`` [N, d] and
+``labels`` [N], loaded with ``weights_only=True``) and prints one markdown table: solver, precision, device,
+tasks, tasks/s, mean accuracy ± 95% CI, % of queries predicted the same as the specification, Δ accuracy.
+
+Exits with status 1 when the compiled fp32 engine agrees on fewer than 99.5% of the queries or its mean
+accuracy differs by more than 0.1 points (issue 15's acceptance bound; bf16 is reported, not checked).
+
+    python benchmarks/crosscheck_putm.py --device cuda --tasks 1000          # the acceptance run (GPU)
+    python benchmarks/crosscheck_putm.py --device cpu --tasks 100 --em-steps 5  # a quick CPU check
+
+Timings include a CUDA synchronisation; the first run of each engine warms up on one task first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+import torch  # noqa: E402
+
+from bench_methods import synthetic_features  # noqa: E402
+from lightning_putm.data import sample_episode_bank  # noqa: E402
+from lightning_putm.methods.putm import PUTM  # noqa: E402
+from lightning_putm.metrics import mean_and_ci95, task_accuracy  # noqa: E402
+
+MIN_AGREEMENT = 99.5  # % of queries with the specification's prediction (fp32)
+MAX_DELTA = 0.1  # accuracy points (fp32)
+RUNS = (("fused", "fp32"), ("compiled", "fp32"), ("compiled", "bf16"))
+
+
+def load_features(path: str | None, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if path is None:
+        feature_set = synthetic_features(dim=dim)
+        return feature_set.features, feature_set.labels
+    file = Path(path)
+    if not file.is_file():
+        raise SystemExit(f"--features: no file {file}; give a .pt file with 'features' and 'labels' tensors")
+    data = torch.load(file, map_location="cpu", weights_only=True)
+    if not isinstance(data, dict) or "features" not in data or "labels" not in data:
+        raise SystemExit(f"--features: {file} must hold a dict with 'features' [N, d] and 'labels' [N] tensors")
+    return data["features"].float(), data["labels"].long()
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def solve(solver: str, precision: str, batch, args: argparse.Namespace) -> tuple[torch.Tensor, float]:
+    """Probabilities of every task and the seconds taken (after a one-task warm-up)."""
+    options = dict(solver=solver, precision=precision, em_steps=args.em_steps)
+    if args.max_chunk_tasks is not None:
+        options["max_chunk_tasks"] = args.max_chunk_tasks
+    PUTM(shots=1, balanced=False, **options).predict(batch.slice(0, 1))
+    method = PUTM(shots=1, balanced=False, **options)
+    sync(batch.support.device)
+    start = time.perf_counter()
+    probabilities = method.predict(batch)
+    sync(batch.support.device)
+    return probabilities, time.perf_counter() - start
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--em-steps", type=int, default=50)
+    parser.add_argument("--dim", type=int, default=640, help="synthetic feature width")
+    parser.add_argument("--features", help=".pt file with 'features' [N, d] and 'labels' [N] (default: synthetic)")
+    parser.add_argument("--max-chunk-tasks", type=int, default=None, help="PUTM chunk cap (default: automatic)")
+    parser.add_argument("--seed", type=int, default=0, help="episode sampling seed")
+    parser.add_argument("--no-bf16", action="store_true",
+                        help="skip the compiled bf16 run (slow where bf16 is emulated, e.g. CPUs without AVX512-BF16)")
+    args = parser.parse_args(argv)
+    if args.tasks < 2:
+        parser.error("--tasks must be >= 2")
+    if args.em_steps < 0:
+        parser.error("--em-steps must be >= 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here; use --device cpu")
+    features, labels = load_features(args.features, args.dim)
+    bank = sample_episode_bank(labels, 5, 1, 75, 2.0, args.tasks, seed=args.seed)
+    gathered = bank.gather(features, device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"PUTM cross-check: {args.tasks} tasks, 5-way 1-shot, 75 queries, Dirichlet(2), d={features.shape[1]}, "
+          f"{args.em_steps} EM steps; device: {name}; torch {torch.__version__}\n")
+    print("| solver | precision | device | tasks | tasks/s | mean acc % ± CI95 | % same as spec | Δ acc (pts) |")
+    print("|---|---|---|---|---|---|---|---|")
+    spec_predictions = spec_accuracy = None
+    failures = []
+    for solver, precision in RUNS[:2] if args.no_bf16 else RUNS:
+        probabilities, seconds = solve(solver, precision, gathered.batch, args)
+        accuracy = task_accuracy(probabilities, gathered.query_labels)
+        mean, ci = mean_and_ci95(100 * accuracy)
+        predictions = probabilities.argmax(2)
+        if spec_predictions is None:
+            spec_predictions, spec_accuracy = predictions, mean
+        same = 100 * (predictions == spec_predictions).double().mean().item()
+        delta = mean - spec_accuracy
+        print(f"| {solver} | {precision} | {device.type} | {args.tasks} | {args.tasks / seconds:.2f} | "
+              f"{mean:.2f} ± {ci:.2f} | {same:.2f} | {delta:+.3f} |", flush=True)
+        if solver == "compiled" and precision == "fp32" and (same < MIN_AGREEMENT or abs(delta) > MAX_DELTA):
+            failures.append(f"compiled fp32: {same:.2f}% same predictions (need >= {MIN_AGREEMENT}), "
+                            f"Δacc {delta:+.3f} pts (need |Δ| <= {MAX_DELTA})")
+    for failure in failures:
+        print(f"\nFAIL {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,122 @@
+"""PUTM's ``basis`` option: the Cholesky factor of the Gram matrix as the per-task frame (sign-equivalent to QR)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_clustered_features
+from lightning_putm.data.episodes import sample_episode_bank
+from lightning_putm.errors import ConfigError
+from lightning_putm.methods.preprocessing import (cholesky_reduce, l2_normalise, power_transform, qr_reduce,
+                                                  reduce_basis)
+from lightning_putm.methods.putm import PUTM
+
+FAST = dict(em_steps=4, inner_steps=5, cpu_workers=1)
+
+
+def make_tasks(dim: int, queries: int = 40, tasks: int = 4, seed: int = 0):
+    features = make_clustered_features(classes=10, per_class=60, dim=dim, spread=0.15, seed=seed)
+    return sample_episode_bank(features.labels, 5, 1, queries, 2.0, tasks, seed).gather(features.features)
+
+
+@pytest.mark.parametrize("tasks,rows,dim", [(4, 80, 640), (3, 20, 20), (2, 7, 9)])
+def test_cholesky_coordinates_equal_qr_up_to_the_sign_of_each_coordinate(tasks, rows, dim):
+    x = torch.rand(tasks, rows, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(rows))
+    qr = qr_reduce(x)
+    coords, fallback = cholesky_reduce(x)
+    assert coords.shape == qr.shape == (tasks, rows, min(rows, dim))
+    assert not fallback.any()
+    assert torch.allclose(coords @ coords.transpose(1, 2), x @ x.transpose(1, 2), atol=1e-9)  # inner products
+    exact = "donot_use_mm_for_euclid_dist"
+    assert torch.allclose(torch.cdist(coords, coords, compute_mode=exact), torch.cdist(qr, qr, compute_mode=exact),
+                          atol=1e-9)  # pairwise distances
+    assert torch.allclose(coords.abs(), qr.abs(), atol=1e-9)
+    # one sign per coordinate (column), the same for every row: a reflection of QR's frame, not a new frame
+    signs = torch.sign(qr.diagonal(dim1=1, dim2=2)).unsqueeze(1)
+    assert torch.allclose(coords, qr * signs, atol=1e-9)
+    assert (coords.diagonal(dim1=1, dim2=2) > 0).all()  # Cholesky's pivots are positive
+
+
+def test_the_gram_matrix_and_factorisation_run_in_float64_and_return_the_input_dtype(monkeypatch):
+    seen: list[torch.dtype] = []
+    original = torch.linalg.cholesky_ex
+
+    def spy(matrix, *args, **kwargs):
+        seen.append(matrix.dtype)
+        return original(matrix, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", spy)
+    x = torch.rand(3, 10, 30)
+    coords, _ = cholesky_reduce(x)
+    assert seen == [torch.float64]
+    assert coords.dtype == torch.float32
+    assert torch.allclose(coords.abs(), qr_reduce(x).abs(), atol=1e-5)
+
+
+def test_nearly_dependent_rows_stay_accurate_in_float32_input():
+    """Rows 1e-4 apart: a float32 Gram matrix would lose the difference (1e-8 relative) entirely."""
+    g = torch.Generator().manual_seed(0)
+    base = torch.rand(1, 6, 50, dtype=torch.float64, generator=g)
+    x64 = torch.cat([base, base[:, :1] + 1e-4 * torch.rand(1, 1, 50, dtype=torch.float64, generator=g)], dim=1)
+    coords, fallback = cholesky_reduce(x64.float())
+    assert not fallback.any()
+    exact = qr_reduce(x64).abs()
+    assert torch.allclose(coords.double().abs(), exact, atol=1e-6)
+
+
+def test_a_rank_deficient_task_falls_back_to_qr_and_is_counted():
+    x = torch.rand(3, 12, 40, generator=torch.Generator().manual_seed(1))
+    x[1, 5] = x[1, 2]  # task 1 repeats a row: its Gram matrix is singular
+    with pytest.warns(UserWarning, match=r"fell back to QR for 1 of 3 tasks"):
+        coords, fallback = reduce_basis(x, "cholesky", "putm")
+    assert fallback.tolist() == [False, True, False]
+    assert torch.allclose(coords[1], qr_reduce(x[1:2])[0], atol=1e-6)  # the QR frame, signs included
+    assert torch.isfinite(coords).all()
+    assert torch.allclose(coords.abs(), qr_reduce(x).abs(), atol=1e-5)
+
+
+def test_more_rows_than_dimensions_uses_qr_with_width_d():
+    x = torch.rand(2, 30, 8, generator=torch.Generator().manual_seed(2))
+    with pytest.warns(UserWarning, match=r"2 of 2 tasks: n = 30 rows > d = 8"):
+        coords, fallback = reduce_basis(x, "cholesky", "putm")
+    assert coords.shape == (2, 30, 8)
+    assert fallback.all()
+    assert torch.equal(coords, qr_reduce(x))
+
+
+def test_qr_basis_is_the_default_and_unchanged():
+    gathered = make_tasks(dim=64, tasks=2)
+    putm = PUTM(shots=1, balanced=False, **FAST)
+    assert putm.settings.basis == "qr"
+    x = torch.cat([gathered.batch.support, gathered.batch.query], dim=1)
+    expected = l2_normalise(qr_reduce(power_transform(x, 0.6)))
+    assert torch.equal(putm.preprocess(gathered.batch), expected)
+
+
+def test_cholesky_basis_gives_the_same_putm_predictions_on_small_tasks():
+    gathered = make_tasks(dim=64, queries=40, tasks=4)  # 45 rows <= 64 dimensions: no fallback
+    qr = PUTM(shots=1, balanced=False, **FAST)
+    cholesky = PUTM(shots=1, balanced=False, basis="cholesky", **FAST)
+    rows_qr, rows_cholesky = qr.preprocess(gathered.batch), cholesky.preprocess(gathered.batch)
+    assert not torch.allclose(rows_qr, rows_cholesky, atol=1e-3)  # some coordinates really changed sign
+    assert torch.allclose(rows_qr.abs(), rows_cholesky.abs(), atol=1e-5)
+    a, b = qr.predict(gathered.batch), cholesky.predict(gathered.batch)
+    assert torch.equal(a.argmax(2), b.argmax(2))
+    assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_an_unknown_basis_is_refused_with_the_key():
+    with pytest.raises(ConfigError, match=r"putm.basis must be one of qr, cholesky; got 'lu'"):
+        PUTM(shots=1, balanced=False, basis="lu")
+    with pytest.raises(ValueError, match="basis must be one of"):
+        reduce_basis(torch.rand(1, 3, 4), "lu")
+
+
+@pytest.mark.cuda
+def test_cholesky_on_cuda_matches_qr_on_cpu():
+    x = torch.rand(300, 80, 640, generator=torch.Generator().manual_seed(5)).pow(0.6)
+    x[7, 3] = x[7, 1]  # one rank-deficient task: falls back on the GPU too
+    coords, fallback = cholesky_reduce(x.to("cuda"))
+    assert coords.device.type == "cuda" and fallback.tolist() == [i == 7 for i in range(300)]
+    assert torch.allclose(coords.cpu().abs(), qr_reduce(x).abs(), atol=1e-4)
