@@ -1,4 +1,6 @@
-"""Report figures (lightning_putm.evaluation.plots): valid non-blank PNGs, the right artists, clear errors, atomic writes."""
+"""Report figures (lightning_putm.evaluation.plots): valid PDFs and 300-DPI PNGs, display names, typeset α, error
+bars on every point, one class naming across the task plots, a style that does not leak, clear errors, atomic
+writes."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def assert_valid_png(path: Path) -> None:
         p.name for p in path.parent.iterdir() if not p.name.startswith(".")), "temporary file left behind"
 
 
-def summary_rows(methods=("PUTM", "PT-MAP"), shots=(1, 5), alphas=("0.5", "2", "balanced")) -> list[dict]:
+def summary_rows(methods=("putm", "ptmap"), shots=(1, 5), alphas=("0.5", "2", "balanced")) -> list[dict]:
     rows = []
     for m, method in enumerate(methods):
         for shot in shots:
@@ -68,21 +70,24 @@ def test_accuracy_vs_alpha_from_csv_strings(tmp_path: Path) -> None:
 
 
 def test_accuracy_vs_alpha_one_panel_per_shot_one_line_per_method() -> None:
-    methods, shots = ("PUTM", "PT-MAP", "TIM"), (1, 3, 5)
+    methods, shots = ("putm", "ptmap", "tim"), (1, 3, 5)
     figure = _accuracy_vs_alpha_figure(as_csv_rows(summary_rows(methods, shots, ("4", "0.5", "1", "balanced"))))
     axes = figure.get_axes()
     assert len(axes) == len(shots)
     assert [ax.get_title() for ax in axes] == ["1-shot", "3-shot", "5-shot"]
-    assert axes[0].get_ylabel() == "accuracy (%)"
+    assert axes[0].get_ylabel() == "Accuracy (%)"
     for ax in axes:
         lines = data_lines(ax, ALPHA_LINE_GID)
-        assert sorted(line.get_label() for line in lines) == sorted(methods)
-        for line in lines:  # α sorted ascending at evenly spaced positions
-            assert list(line.get_xdata()) == [0.0, 1.0, 2.0]
+        assert sorted(line.get_label() for line in lines) == sorted(["PUTM", "PT-MAP", "TIM"])
+        for line in lines:  # α sorted ascending at evenly spaced positions (each method dodged by a constant)
+            x = np.asarray(line.get_xdata())
+            np.testing.assert_allclose(np.diff(x), [1.0, 1.0])
+            assert abs(x[0]) < 0.5
+        # methods are dodged apart: no two methods share an x position
+        assert len({float(line.get_xdata()[0]) for line in lines}) == len(methods)
         assert len(data_lines(ax, BALANCED_POINT_GID)) == len(methods)
         assert [t.get_text() for t in ax.get_xticklabels()] == ["0.5", "1", "4", "balanced"]
-        assert ax.get_xlabel() == "Dirichlet α"
-        assert len(ax.collections) >= len(methods)  # one CI band per method
+        assert ax.get_xlabel() == r"Dirichlet concentration $\alpha$"
     # same colour for a method in every panel
     colours = [{line.get_label(): line.get_color() for line in data_lines(ax, ALPHA_LINE_GID)} for ax in axes]
     assert colours[0] == colours[1] == colours[2]
@@ -100,10 +105,14 @@ def test_accuracy_vs_alpha_balanced_only(tmp_path: Path) -> None:
 
 
 def test_accuracy_vs_alpha_labels_oracle_prior_rows() -> None:
-    rows = summary_rows(methods=("PT-MAP",), shots=(1,))
+    rows = summary_rows(methods=("ptmap",), shots=(1,))
     rows += [dict(row, oracle_prior="true") for row in rows]
     (ax,) = _accuracy_vs_alpha_figure(rows).get_axes()
     assert sorted(line.get_label() for line in data_lines(ax, ALPHA_LINE_GID)) == ["PT-MAP", "PT-MAP (oracle prior)"]
+    styles = {line.get_label(): line for line in data_lines(ax, ALPHA_LINE_GID)}
+    fair, oracle = styles["PT-MAP"], styles["PT-MAP (oracle prior)"]
+    assert fair.get_color() == oracle.get_color() and fair.get_marker() == oracle.get_marker()
+    assert fair.get_linestyle() == "-" and oracle.get_linestyle() == "--"
 
 
 @pytest.mark.parametrize(("rows", "message"), [
@@ -205,6 +214,7 @@ def test_failed_save_keeps_previous_png_and_leaves_no_temporary(tmp_path: Path, 
 
     path = plot_query_counts([3, 1], [2.5, 1.5], tmp_path / "counts.png")
     before = path.read_bytes()
+    pdf_before = path.with_suffix(".pdf").read_bytes()
 
     def broken_savefig(self, fname, **kwargs):
         Path(fname).write_bytes(b"partial")
@@ -214,7 +224,8 @@ def test_failed_save_keeps_previous_png_and_leaves_no_temporary(tmp_path: Path, 
     with pytest.raises(OSError, match="disk full"):
         plot_query_counts([1, 3], [1.5, 2.5], path)
     assert path.read_bytes() == before
-    assert [p.name for p in tmp_path.iterdir()] == ["counts.png"]
+    assert path.with_suffix(".pdf").read_bytes() == pdf_before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["counts.pdf", "counts.png"]
 
 
 def test_long_class_names_are_shortened_to_their_last_path_parts_on_the_count_plot(tmp_path):
@@ -225,3 +236,195 @@ def test_long_class_names_are_shortened_to_their_last_path_parts_on_the_count_pl
     figure = _query_counts_figure([2, 4, 5], [2.0, 4.0, 5.0], class_names=names)
     labels = [tick.get_text() for tick in figure.axes[0].get_xticklabels()]
     assert labels == ["Malayalam/character30/rot000", "character11/rot180", "digit 5"]
+
+
+# ------------------------------------------------------------------------------------------ paper-ready output
+
+ALL_METHODS = ["putm", "simpleshot", "protonet", "ptmap", "tim", "alpha_tim", "bdcspn", "laplacianshot", "ilpc",
+               "bavardage"]
+DISPLAY = {"putm": "PUTM", "simpleshot": "SimpleShot", "protonet": "ProtoNet", "ptmap": "PT-MAP", "tim": "TIM",
+           "alpha_tim": "α-TIM", "bdcspn": "BD-CSPN", "laplacianshot": "LaplacianShot", "ilpc": "iLPC",
+           "bavardage": "BAVARDAGE"}
+OMNIGLOT = ["images_evaluation/Malayalam/character30/rot000", "images_evaluation/Syriac_(Serto)/character11/rot180",
+            "images_evaluation/Bengali/character02/rot090", "images_evaluation/Kannada/character07/rot270",
+            "images_evaluation/Atlantean/character13/rot000"]
+
+
+def assert_pdf(path: Path) -> bytes:
+    data = path.read_bytes()
+    assert data.startswith(b"%PDF-") and data.rstrip().endswith(b"%%EOF"), f"{path} is not a complete PDF"
+    return data
+
+
+def png_inches(path: Path) -> tuple[float, float]:
+    """Printed size of a PNG from its pixel size and the DPI stored in its pHYs chunk (which must be 300)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        image.load()
+        dpi = image.info.get("dpi")
+        assert dpi is not None and dpi == pytest.approx((300, 300), rel=1e-3), f"PNG DPI is {dpi}"
+        return image.size[0] / dpi[0], image.size[1] / dpi[1]
+
+
+def test_every_figure_is_a_pdf_next_to_a_300_dpi_png_at_column_width(tmp_path: Path) -> None:
+    queries, labels, support, refined = tiny_task()
+    one_shot = plot_accuracy_vs_alpha(summary_rows(shots=(1,)), tmp_path / "acc1.png")
+    two_shots = plot_accuracy_vs_alpha(summary_rows(shots=(1, 5)), tmp_path / "acc2.png")
+    counts = plot_query_counts([3, 1], [2.5, 1.5], tmp_path / "counts.png")
+    tsne = plot_prototype_tsne(queries, labels, support, refined, tmp_path / "tsne.png")
+    for png in (one_shot, two_shots, counts, tsne):
+        assert_valid_png(png)
+        data = assert_pdf(png.with_suffix(".pdf"))
+        assert b"/Type3" not in data, "fonts must be embedded as TrueType (Type 42), not Type 3"
+    single, double = 3.4, 7.0
+    for png, width in ((one_shot, single), (counts, single), (two_shots, double), (tsne, double)):
+        inches = png_inches(png)[0]
+        assert width - 0.3 < inches <= width + 0.05, f"{png.name} is {inches:.2f} in wide, expected ~{width}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        f"{n}.{ext}" for n in ("acc1", "acc2", "counts", "tsne") for ext in ("pdf", "png"))
+
+
+def test_svg_on_request_and_bad_formats_fail_before_writing(tmp_path: Path) -> None:
+    path = plot_query_counts([3, 1], [2.5, 1.5], tmp_path / "counts.pdf", formats=("svg",))
+    assert path == tmp_path / "counts.pdf"
+    assert_pdf(path)
+    assert b"<svg" in (tmp_path / "counts.svg").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["counts.pdf", "counts.svg"]
+    with pytest.raises(ValueError, match=r"must end in one of \.png, \.pdf, \.svg"):
+        plot_query_counts([3, 1], [2.5, 1.5], tmp_path / "other" / "counts.jpg")
+    with pytest.raises(ValueError, match="unknown figure format.*eps"):
+        plot_query_counts([3, 1], [2.5, 1.5], tmp_path / "other" / "counts.png", formats=("png", "eps"))
+    assert not (tmp_path / "other").exists()
+
+
+def test_registry_display_names() -> None:
+    from lightning_putm.methods import available_methods, method_display_name
+
+    assert sorted(available_methods()) == sorted(DISPLAY)
+    assert {name: method_display_name(name) for name in available_methods()} == DISPLAY
+    assert method_display_name("my_method") == "my_method"  # unknown or user-registered: the code name
+
+
+def test_legend_shows_display_names_in_run_order() -> None:
+    from lightning_putm.evaluation.plots import legend_labels
+
+    rows = summary_rows(methods=ALL_METHODS + ["my_method"], shots=(1,), alphas=("1", "2", "balanced"))
+    figure = _accuracy_vs_alpha_figure(rows)
+    assert legend_labels(figure) == [DISPLAY[m] for m in ALL_METHODS] + ["my_method"]
+
+
+def test_ten_methods_get_distinct_styles_that_do_not_depend_on_the_other_methods() -> None:
+    def styles(methods):
+        (ax,) = _accuracy_vs_alpha_figure(summary_rows(methods=methods, shots=(1,))).get_axes()
+        return {line.get_label(): (line.get_color(), line.get_marker()) for line in data_lines(ax, ALPHA_LINE_GID)}
+
+    everything = styles(ALL_METHODS)
+    assert len({colour for colour, _ in everything.values()}) == 10
+    assert len({marker for _, marker in everything.values()}) == 10
+    assert styles(["ptmap", "putm"]) == {"PT-MAP": everything["PT-MAP"], "PUTM": everything["PUTM"]}
+    # a method outside the built-in list takes a slot no shown method uses
+    custom = styles(["putm", "my_method"])
+    assert custom["my_method"] != custom["PUTM"]
+
+
+def test_error_bars_on_every_point_also_with_a_single_alpha() -> None:
+    rows = summary_rows(methods=("putm", "ptmap"), shots=(1,), alphas=("2", "balanced"))
+    (ax,) = _accuracy_vs_alpha_figure(rows).get_axes()
+    expected = {(DISPLAY[r["method"]], r["alpha"]): (r["accuracy"], r["ci95"]) for r in rows}
+    checked = 0
+    for container in ax.containers:
+        data_line = container.lines[0]
+        gid = data_line.get_gid() or ""
+        if not gid.startswith((ALPHA_LINE_GID, BALANCED_POINT_GID)):
+            continue
+        method = gid.split(":", 1)[1]
+        alpha = "2" if gid.startswith(ALPHA_LINE_GID) else "balanced"
+        accuracy, ci = expected[(method, alpha)]
+        assert container.has_yerr
+        (bars,) = container.lines[2]
+        (segment,) = bars.get_segments()
+        assert sorted(segment[:, 1]) == pytest.approx([accuracy - ci, accuracy + ci])
+        assert len(container.lines[1]) == 2, "error bars must be capped"
+        checked += 1
+    assert checked == 4  # two methods × (α = 2, balanced)
+
+
+def test_alpha_is_typeset_everywhere() -> None:
+    figure = _accuracy_vs_alpha_figure(summary_rows(shots=(1, 5)))
+    texts = [ax.get_xlabel() for ax in figure.get_axes()] + [ax.get_title() for ax in figure.get_axes()]
+    assert all(label == r"Dirichlet concentration $\alpha$" for label in texts[:2])
+    assert not any("alpha" in text.replace(r"$\alpha$", "") for text in texts)
+
+
+def test_count_plot_and_tsne_name_and_colour_classes_identically() -> None:
+    from matplotlib.colors import to_rgba
+
+    from lightning_putm.evaluation.plots import _prototype_tsne_figure
+
+    queries, labels, support, refined = tiny_task()
+    counts = _query_counts_figure([3, 2, 2, 1, 2], [2.5, 2.0, 2.1, 1.2, 2.2], class_names=OMNIGLOT)
+    (ax,) = counts.get_axes()
+    count_labels = [tick.get_text() for tick in ax.get_xticklabels()]
+    estimate_bars = next(c for c in ax.containers if c.patches[0].get_gid() == "estimated-counts")
+    count_colours = [to_rgba(patch.get_facecolor()) for patch in estimate_bars.patches]
+
+    tsne = _prototype_tsne_figure(queries, labels, support, refined, support=support,
+                                  support_labels=torch.arange(5), class_names=OMNIGLOT)
+    (legend,) = tsne.legends
+    tsne_colours = {text.get_text(): to_rgba(handle.get_color())
+                    for text, handle in zip(legend.get_texts(), legend.legend_handles)}
+    assert count_labels == ["Malayalam/character30/rot000", "character11/rot180", "Bengali/character02/rot090",
+                            "Kannada/character07/rot270", "Atlantean/character13/rot000"]
+    assert [tsne_colours[label] for label in count_labels] == count_colours
+    assert len(set(count_colours)) == 5
+
+
+def test_class_labels_stay_distinct_and_default_to_indices() -> None:
+    from lightning_putm.evaluation.plots import class_labels
+
+    long = "a_very_long_alphabet_name_that_is_dropped"
+    names = [f"{long}_one/character11/rot180", f"{long}_two/character11/rot180", "digit 5"]
+    assert class_labels(names, 3) == ["character11/rot180 [0]", "character11/rot180 [1]", "digit 5"]
+    assert class_labels(None, 2) == ["class 0", "class 1"]
+    with pytest.raises(ValueError, match="class_names has 3 entries but there are 2 classes"):
+        class_labels(names, 2)
+
+
+def test_paper_style_is_applied_to_the_figures_and_never_leaks(tmp_path: Path) -> None:
+    import matplotlib
+
+    from lightning_putm.evaluation.plots import PAPER_RC, paper_style
+
+    before = dict(matplotlib.rcParams)
+    figure = _accuracy_vs_alpha_figure(summary_rows(shots=(1,)))
+    (ax,) = figure.get_axes()
+    assert not ax.spines["top"].get_visible() and not ax.spines["right"].get_visible()
+    assert ax.title.get_fontsize() == PAPER_RC["axes.titlesize"]
+    assert "serif" in ax.xaxis.label.get_fontfamily()
+    plot_accuracy_vs_alpha(summary_rows(shots=(1,)), tmp_path / "acc.png")
+    plot_query_counts([3, 1], [2.5, 1.5], tmp_path / "counts.png")
+    assert dict(matplotlib.rcParams) == before
+    with paper_style(**{"font.size": 11.0}):
+        assert matplotlib.rcParams["font.size"] == 11.0 and matplotlib.rcParams["pdf.fonttype"] == 42
+    assert dict(matplotlib.rcParams) == before
+
+
+def test_wandb_gets_the_pngs_and_not_the_pdfs(tmp_path: Path, monkeypatch) -> None:
+    import sys
+    import types
+
+    from lightning_putm.evaluation.records import Summary
+    from lightning_putm.evaluation.report import log_to_wandb
+
+    images: list[str] = []
+    fake = types.SimpleNamespace(Table=lambda **kwargs: kwargs, Image=lambda path: images.append(path) or path,
+                                 plot=types.SimpleNamespace(line_series=lambda **kwargs: kwargs))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    png = plot_query_counts([3, 1], [2.5, 1.5], tmp_path / "counts.png")
+    logged: list[dict] = []
+    run = types.SimpleNamespace(log=logged.append)
+    log_to_wandb(run, [Summary("putm", 1, 2.0, 70.0, 1.0)], {"counts": png, "counts_pdf": png.with_suffix(".pdf")},
+                 "fewshot")
+    assert images == [str(png)]
+    assert "fewshot/plots/counts" in logged[0] and "fewshot/plots/counts_pdf" not in logged[0]

@@ -69,7 +69,9 @@ def test_a_named_folder_is_replaced_whole(tmp_path) -> None:
     assert (out / "plots" / "putm_query_counts.png").is_file()
     run_evaluate([*FAST, f"output_dir={out}", "plots=true", "methods=[simpleshot]"], quiet)
     assert {r["method"] for r in read_rows(out / "results.csv")} == {"simpleshot"}
-    assert sorted(p.name for p in (out / "plots").iterdir()) == ["accuracy_vs_alpha.png"]  # no stale PUTM figures
+    # no stale PUTM figures, and no stale stored PUTM settings a later resume could pick up
+    assert sorted(p.name for p in (out / "plots").iterdir()) == ["accuracy_vs_alpha.pdf", "accuracy_vs_alpha.png"]
+    assert sorted(p.name for p in (out / "settings").iterdir()) == ["simpleshot-1shot-alpha_2.pt"]
 
 
 def test_retraining_never_replaces_an_earlier_checkpoint(tmp_path) -> None:

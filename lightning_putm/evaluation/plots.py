@@ -4,40 +4,182 @@ They reproduce the three kinds of figure that Tian et al., ICCV 2023 (PUTM) use 
 of accuracy to the Dirichlet imbalance level α, the case study comparing the true per-class query counts with the
 counts PUTM's forward navigator implies, and a t-SNE view of prototypes before and after the CT-EM refinement.
 
+The figures are meant to go into a paper as they are: each is written as a vector PDF next to a 300-DPI PNG
+(SVG on request), sized for a single (3.4 in) or double (7 in) column, drawn in :func:`paper_style` (serif text
+at 7–8 pt, no top/right spines, TrueType fonts embedded in the PDF). Methods appear under their display names
+(``α-TIM``, not ``alpha_tim``) with one colour-blind-safe colour and marker each, the same in every figure.
+
 Only matplotlib's object API with the Agg canvas is used (no pyplot, no windows, no global figure registry), so
-the functions are safe in headless jobs and worker processes. Every figure is written atomically: a temporary
-file in the destination folder, then ``os.replace``, so a reader never sees a half-written PNG.
+the functions are safe in headless jobs and worker processes; the style is applied with ``rc_context`` and never
+leaks into the caller's matplotlib settings. Every file is written atomically: a temporary file in the
+destination folder, then ``os.replace``, so a reader never sees a half-written figure.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from lightning_putm.evaluation.records import Summary, as_summaries
+from lightning_putm.methods import method_display_name
 
-__all__ = ["plot_accuracy_vs_alpha", "plot_query_counts", "plot_prototype_tsne"]
+__all__ = ["paper_style", "method_styles", "class_labels", "class_colours", "legend_labels", "figure_paths",
+           "plot_accuracy_vs_alpha", "plot_query_counts", "plot_prototype_tsne"]
 
 BALANCED = "balanced"
-DPI = 120
+#: Raster resolution of the PNGs (print quality); the PDF/SVG are vector and resolution-free.
+DPI = 300
+#: Formats written for every figure: the PNG (for W&B and quick looks) and the PDF a paper includes.
+DEFAULT_FORMATS: tuple[str, ...] = ("png", "pdf")
+SUPPORTED_FORMATS: tuple[str, ...] = ("png", "pdf", "svg")
+#: Text widths of a two-column conference page (CVPR/ICCV/NeurIPS): one column and the full text width.
+SINGLE_COLUMN_INCHES = 3.4
+DOUBLE_COLUMN_INCHES = 7.0
 EXACT_TSNE_MAX_POINTS = 500
 
 # gid prefixes of the artists that carry data (lets tests and callers find them among decoration lines)
 ALPHA_LINE_GID = "alpha-line"
 BALANCED_POINT_GID = "balanced-point"
 
+#: The paper style: serif text sized for a 3.4 in column (8 pt labels, 7 pt ticks and legend, as captions of
+#: a 10 pt paper), thin axes without top/right spines, TrueType (Type 42) fonts so PDF checkers of IEEE/ACM
+#: accept the file, tight bounding boxes, no timestamps in the files (identical inputs give identical PDFs).
+PAPER_RC: dict[str, Any] = {
+    "font.family": "serif",
+    "font.serif": ["Times New Roman", "Times", "Nimbus Roman", "STIXGeneral", "DejaVu Serif"],
+    "mathtext.fontset": "stix",
+    "font.size": 8.0,
+    "axes.titlesize": 8.0,
+    "axes.labelsize": 8.0,
+    "xtick.labelsize": 7.0,
+    "ytick.labelsize": 7.0,
+    "legend.fontsize": 7.0,
+    "figure.titlesize": 8.5,
+    "axes.linewidth": 0.6,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.titlepad": 4.0,
+    "axes.labelpad": 2.5,
+    "xtick.major.width": 0.6,
+    "ytick.major.width": 0.6,
+    "xtick.major.size": 2.5,
+    "ytick.major.size": 2.5,
+    "xtick.major.pad": 2.0,
+    "ytick.major.pad": 2.0,
+    "grid.linewidth": 0.4,
+    "grid.color": "0.85",
+    "lines.linewidth": 1.1,
+    "lines.markersize": 3.8,
+    "legend.frameon": False,
+    "legend.handlelength": 2.0,
+    "legend.columnspacing": 1.2,
+    "legend.handletextpad": 0.4,
+    "legend.borderaxespad": 0.2,
+    "pdf.fonttype": 42,
+    "ps.fonttype": 42,
+    "svg.fonttype": "path",
+    "svg.hashsalt": "lightning-putm",
+    "savefig.dpi": DPI,
+    "savefig.bbox": "tight",
+    "savefig.pad_inches": 0.02,
+    "figure.dpi": 100,
+}
 
-# ---------------------------------------------------------------------------------------------------- helpers
+#: Colour-blind-safe colours: the Okabe–Ito palette (without its yellow, too faint on white) plus Paul Tol's
+#: wine, olive and a mid grey; with the marker as a second cue, ten methods stay apart in greyscale prints too.
+PALETTE: tuple[str, ...] = ("#D55E00", "#0072B2", "#000000", "#E69F00", "#CC79A7", "#009E73", "#56B4E9",
+                            "#882255", "#999933", "#777777")
+MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "p", "d", "*", "H", "8")
+#: Fixed slots of the built-in methods, so a method keeps its colour and marker in every figure and every run.
+METHOD_ORDER: tuple[str, ...] = ("putm", "ptmap", "simpleshot", "alpha_tim", "tim", "bdcspn", "laplacianshot",
+                                 "ilpc", "bavardage", "protonet")
+
+
+# ---------------------------------------------------------------------------------------------------- style
+
+
+@contextmanager
+def paper_style(**overrides: Any) -> Iterator[None]:
+    """Apply :data:`PAPER_RC` inside the block (plus ``overrides``: rc names, e.g. ``**{"font.size": 9}``) and
+    restore the caller's rcParams afterwards, so nothing leaks into the caller's matplotlib state.
+
+    Usable for one's own figures too: ``with paper_style(): figure = Figure(figsize=(3.4, 2.4)); ...``.
+    """
+    with matplotlib.rc_context({**PAPER_RC, **overrides}):
+        yield
+
+
+@dataclass(frozen=True)
+class MethodStyle:
+    """How one method is drawn: colour, marker, line style and whether its markers are filled."""
+
+    colour: str
+    marker: str
+    linestyle: str = "-"
+    filled: bool = True
+
+
+def method_styles(methods: Sequence[str | tuple[str, bool]]) -> dict[tuple[str, bool], MethodStyle]:
+    """Colour and marker per ``(method code name, oracle_prior)``.
+
+    Built-in methods take fixed slots (:data:`METHOD_ORDER`), others the free slots in order of appearance, so
+    the same method looks the same in every figure. An oracle-prior result shares its method's colour and
+    marker but is drawn dashed with open markers: it is the same method given information a fair run lacks.
+    """
+    keys = [(m, False) if isinstance(m, str) else (str(m[0]), bool(m[1])) for m in methods]
+    names = list(dict.fromkeys(name for name, _ in keys))
+    slot = {name: METHOD_ORDER.index(name) for name in names if name in METHOD_ORDER}
+    free_slots = (i for i in range(len(names) + len(METHOD_ORDER)) if i not in slot.values())
+    for name in names:
+        if name not in slot:
+            slot[name] = next(free_slots)
+    styles: dict[tuple[str, bool], MethodStyle] = {}
+    for name, oracle in keys:
+        s = slot[name]
+        styles[(name, oracle)] = MethodStyle(colour=PALETTE[s % len(PALETTE)], marker=MARKERS[s % len(MARKERS)],
+                                             linestyle="--" if oracle else "-", filled=not oracle)
+    return styles
+
+
+def display_label(method: str, oracle_prior: bool = False) -> str:
+    """The name a figure prints: the method's display name, marked when it used the true query counts."""
+    name = method_display_name(method)
+    return f"{name} (oracle prior)" if oracle_prior else name
+
+
+def class_colours(count: int) -> list[tuple[float, float, float, float]]:
+    """One colour per class of a task: the colour-blind-safe :data:`PALETTE` without its black (black edges
+    mark prototypes and support points) up to nine classes, then tab20 and an evenly sampled continuous map
+    (a 20+-way task cannot be told apart by colour alone anyway)."""
+    palette = [c for c in PALETTE if c != "#000000"]
+    if count <= len(palette):
+        return [matplotlib.colors.to_rgba(c) for c in palette[:count]]
+    if count <= 20:
+        cmap = colormaps["tab20"]
+        return [cmap(i) for i in range(count)]
+    cmap = colormaps["turbo"]
+    return [cmap(i / max(count - 1, 1)) for i in range(count)]
+
+
+def legend_labels(figure: Figure) -> list[str]:
+    """The non-empty texts of every legend of ``figure`` (figure-level and per-axes), in drawing order."""
+    legends = list(figure.legends) + [ax.get_legend() for ax in figure.get_axes() if ax.get_legend() is not None]
+    return [text.get_text() for legend in legends for text in legend.get_texts() if text.get_text()]
 
 
 def _new_figure(width: float, height: float) -> Figure:
@@ -47,33 +189,65 @@ def _new_figure(width: float, height: float) -> Figure:
     return figure
 
 
-def _save_png(figure: Figure, path: str | os.PathLike[str]) -> Path:
-    """Write ``figure`` as a PNG atomically (temporary file in the same folder, then rename) and release it."""
+def _column_width(width: str | float, wide: bool) -> float:
+    """Inches for ``width``: ``"single"``, ``"double"``, a number, or ``"auto"`` (double when ``wide``)."""
+    if isinstance(width, (int, float)) and not isinstance(width, bool):
+        if not math.isfinite(width) or width <= 0:
+            raise ValueError(f"figure width must be a positive number of inches, got {width!r}")
+        return float(width)
+    if width == "single":
+        return SINGLE_COLUMN_INCHES
+    if width == "double":
+        return DOUBLE_COLUMN_INCHES
+    if width == "auto":
+        return DOUBLE_COLUMN_INCHES if wide else SINGLE_COLUMN_INCHES
+    raise ValueError(f"figure width must be 'auto', 'single', 'double' or inches, got {width!r}")
+
+
+# ---------------------------------------------------------------------------------------------------- saving
+
+
+def figure_paths(path: str | os.PathLike[str], formats: Sequence[str] = DEFAULT_FORMATS) -> list[Path]:
+    """The files a figure saved to ``path`` consists of: ``path`` itself, then one sibling per extra format.
+
+    ``plots/accuracy_vs_alpha.png`` with the default formats → ``[...png, ...pdf]``. Raises on an unknown format.
+    """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # a unique name created by savefig itself, so the PNG gets the usual umask permissions (mkstemp gives 0600)
-    tmp_name = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+    primary = target.suffix.lower().lstrip(".")
+    if primary not in SUPPORTED_FORMATS:
+        raise ValueError(f"figure path {str(target)!r} must end in one of "
+                         f"{', '.join('.' + f for f in SUPPORTED_FORMATS)}")
+    wanted = [str(f).lower().lstrip(".") for f in formats]
+    unknown = [f for f in wanted if f not in SUPPORTED_FORMATS]
+    if unknown:
+        raise ValueError(f"unknown figure format(s) {', '.join(unknown)}; supported: {', '.join(SUPPORTED_FORMATS)}")
+    extra = [f for f in dict.fromkeys(wanted) if f != primary]
+    return [target] + [target.with_suffix("." + f) for f in extra]
+
+
+#: Metadata that would change on every save (creation dates); dropped so re-running a job rewrites identical files.
+_METADATA = {"pdf": {"CreationDate": None}, "svg": {"Date": None}, "png": {}}
+
+
+def _save(figure: Figure, paths: Sequence[Path]) -> Path:
+    """Write ``figure`` to each path atomically (temporary file in the same folder, then rename), release it,
+    and return the first path."""
     try:
-        figure.savefig(tmp_name, format="png", dpi=DPI, bbox_inches="tight")
-        os.replace(tmp_name, target)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
+        with paper_style():
+            for target in paths:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fmt = target.suffix.lstrip(".").lower()
+                # a unique name created by savefig itself, so the file gets the usual umask permissions
+                tmp_name = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+                try:
+                    figure.savefig(tmp_name, format=fmt, dpi=DPI, bbox_inches="tight", metadata=_METADATA[fmt])
+                    os.replace(tmp_name, target)
+                except BaseException:
+                    Path(tmp_name).unlink(missing_ok=True)
+                    raise
     finally:
         figure.clear()
-    return target
-
-
-def _colours(count: int) -> list[tuple[float, float, float, float]]:
-    """Distinct colours: tab10 / tab20 for small counts, then an evenly sampled continuous map."""
-    if count <= 10:
-        cmap = colormaps["tab10"]
-        return [cmap(i) for i in range(count)]
-    if count <= 20:
-        cmap = colormaps["tab20"]
-        return [cmap(i) for i in range(count)]
-    cmap = colormaps["turbo"]
-    return [cmap(i / max(count - 1, 1)) for i in range(count)]
+    return paths[0]
 
 
 def _as_array(value: Any, name: str) -> np.ndarray:
@@ -90,99 +264,121 @@ def _format_number(value: float) -> str:
     return f"{int(round(value))}" if float(value).is_integer() else f"{value:g}"
 
 
+def _legend_columns(count: int, most: int) -> int:
+    """Columns that spread ``count`` entries over as few, evenly filled rows as ``most`` columns allow."""
+    rows = math.ceil(count / max(1, most))
+    return max(1, math.ceil(count / max(1, rows)))
+
+
 # ------------------------------------------------------------------------------------------- accuracy vs α
 
 
 def _parse_accuracy_rows(rows: Sequence[Summary | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Summaries (or rows of a saved results.csv) as plot items; oracle-prior results get their own label."""
+    """Summaries (or rows of a saved results.csv) as plot items keyed by (method, oracle prior)."""
     parsed: list[dict[str, Any]] = []
-    seen: set[tuple[str, int, float | None]] = set()
+    seen: set[tuple[str, bool, int, float | None]] = set()
     for index, summary in enumerate(as_summaries(rows)):
-        item = {"method": summary.label, "shots": summary.shots, "alpha": summary.alpha,
+        item = {"key": (summary.method, summary.oracle_prior), "shots": summary.shots, "alpha": summary.alpha,
                 "accuracy": summary.accuracy, "ci95": summary.ci95}
-        key = (item["method"], item["shots"], item["alpha"])
-        if key in seen:
-            raise ValueError(f"row {index}: duplicate result for method={item['method']!r}, shots={item['shots']}, "
+        if (*item["key"], item["shots"], item["alpha"]) in seen:
+            raise ValueError(f"row {index}: duplicate result for method={summary.label!r}, shots={item['shots']}, "
                              f"alpha={summary.alpha_label}")
-        seen.add(key)
+        seen.add((*item["key"], item["shots"], item["alpha"]))
         parsed.append(item)
     return parsed
 
 
-def _accuracy_vs_alpha_figure(rows: Sequence[Mapping[str, Any]]) -> Figure:
-    """Build (without saving) the accuracy-vs-α figure: one panel per shot, one line per method.
+def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width: str | float = "auto") -> Figure:
+    """Build (without saving) the accuracy-vs-α figure: one panel per shot, one marker-and-line per method.
 
-    Numeric α values sit at evenly spaced positions (the paper's α grid spans orders of magnitude, so
-    category spacing reads better than a linear axis); ``balanced`` gets its own position to the right, behind
-    a dotted separator, because it is the limit α → ∞ rather than a point on the grid.
+    Numeric α values sit at evenly spaced positions (the paper's α grid spans orders of magnitude, so category
+    spacing reads better than a linear axis); ``balanced`` gets its own position to the right, behind a dotted
+    separator, because it is the limit α → ∞ rather than a point on the grid. Every point carries its 95% CI
+    as a capped error bar; methods are dodged sideways a little so ten of them stay readable.
     """
     parsed = _parse_accuracy_rows(rows)
-    methods = list(dict.fromkeys(item["method"] for item in parsed))
+    keys = list(dict.fromkeys(item["key"] for item in parsed))
+    styles = method_styles(keys)
     shots = sorted({item["shots"] for item in parsed})
     alphas = sorted({item["alpha"] for item in parsed if item["alpha"] is not None})
     has_balanced = any(item["alpha"] is None for item in parsed)
-    colour = dict(zip(methods, _colours(len(methods))))
     position = {alpha: float(i) for i, alpha in enumerate(alphas)}
     balanced_x = len(alphas) + 0.5 if alphas else 0.0
+    step = min(0.1, 0.7 / len(keys))
+    dodge = {key: step * (i - (len(keys) - 1) / 2) for i, key in enumerate(keys)}
 
-    width = 1.0 + 4.2 * len(shots)
-    figure = _new_figure(width, 4.2)
-    axes = figure.subplots(1, len(shots), sharey=True, squeeze=False)[0]
-    for ax, shot in zip(axes, shots):
-        for method in methods:
-            mine = [item for item in parsed if item["method"] == method and item["shots"] == shot]
-            numeric = sorted((item for item in mine if item["alpha"] is not None), key=lambda item: item["alpha"])
-            if numeric:
-                x = np.array([position[item["alpha"]] for item in numeric])
-                y = np.array([item["accuracy"] for item in numeric])
-                ci = np.array([item["ci95"] for item in numeric])
-                ax.fill_between(x, y - ci, y + ci, color=colour[method], alpha=0.2, linewidth=0)
-                ax.plot(x, y, marker="o", markersize=4, color=colour[method], label=method,
-                        gid=f"{ALPHA_LINE_GID}:{method}")
-            for item in mine:
-                if item["alpha"] is None:
-                    # spread the methods a little around the balanced position, so their CI bars stay readable
-                    spread = 0.08 * (methods.index(method) - (len(methods) - 1) / 2)
-                    container = ax.errorbar([balanced_x + spread], [item["accuracy"]], yerr=[item["ci95"]], fmt="s",
-                                            markersize=5, capsize=4, color=colour[method])
-                    container.lines[0].set_gid(f"{BALANCED_POINT_GID}:{method}")
-        ticks = [position[a] for a in alphas]
-        labels = [f"{a:g}" for a in alphas]
-        if has_balanced:
-            ticks.append(balanced_x)
-            labels.append(BALANCED)
-            if alphas:
-                ax.axvline((len(alphas) - 1 + balanced_x) / 2, color="0.5", linestyle=":",
-                           linewidth=1.0)
-        ax.set_xticks(ticks, labels)
-        ax.set_xlim(min(ticks) - 0.5, max(ticks) + 0.5)
-        ax.set_xlabel("Dirichlet α")
-        ax.set_title(f"{shot}-shot")
-        ax.grid(True, axis="y", alpha=0.3)
-    axes[0].set_ylabel("accuracy (%)")
-    handles = [Line2D([], [], color=colour[m], marker="o", markersize=5, label=m) for m in methods]
-    columns = max(1, min(len(methods), int(width / 1.6)))  # about 1.6 inch per method name: nothing clipped
-    figure.legend(handles=handles, loc="outside lower center", ncols=columns, frameon=False)
+    with paper_style():
+        inches = _column_width(width, wide=len(shots) > 1)
+        columns = _legend_columns(len(keys), max(1, int(inches / 1.05)))  # ~1.05 in per "LaplacianShot" entry
+        legend_rows = math.ceil(len(keys) / columns)
+        figure = _new_figure(inches, 2.3 + 0.15 * legend_rows)
+        axes = figure.subplots(1, len(shots), sharey=True, squeeze=False)[0]
+        for ax, shot in zip(axes, shots):
+            for key in keys:
+                style = styles[key]
+                label = display_label(*key)
+                common = {"color": style.colour, "marker": style.marker, "capsize": 1.8, "capthick": 0.6,
+                          "elinewidth": 0.6, "markeredgewidth": 0.7, "markeredgecolor": style.colour,
+                          "markerfacecolor": style.colour if style.filled else "white",
+                          "zorder": 3 if key == ("putm", False) else 2}
+                mine = [item for item in parsed if item["key"] == key and item["shots"] == shot]
+                numeric = sorted((item for item in mine if item["alpha"] is not None), key=lambda item: item["alpha"])
+                if numeric:
+                    x = np.array([position[item["alpha"]] for item in numeric]) + dodge[key]
+                    container = ax.errorbar(x, [item["accuracy"] for item in numeric],
+                                            yerr=[item["ci95"] for item in numeric], linestyle=style.linestyle,
+                                            label=label, **common)
+                    container.lines[0].set_gid(f"{ALPHA_LINE_GID}:{label}")
+                    container.lines[0].set_label(label)  # errorbar labels only the container
+                for item in mine:
+                    if item["alpha"] is None:
+                        container = ax.errorbar([balanced_x + dodge[key]], [item["accuracy"]], yerr=[item["ci95"]],
+                                                linestyle="none", label=f"_{label} (balanced)", **common)
+                        container.lines[0].set_gid(f"{BALANCED_POINT_GID}:{label}")
+            ticks = [position[a] for a in alphas]
+            labels = [f"{a:g}" for a in alphas]
+            if has_balanced:
+                ticks.append(balanced_x)
+                labels.append(BALANCED)
+                if alphas:
+                    ax.axvline((len(alphas) - 1 + balanced_x) / 2, color="0.6", linestyle=":", linewidth=0.7)
+            ax.set_xticks(ticks, labels)
+            ax.set_xlim(min(ticks) - 0.5, max(ticks) + 0.5)
+            ax.set_xlabel(r"Dirichlet concentration $\alpha$")
+            ax.tick_params(axis="x", length=0)
+            ax.set_title(f"{shot}-shot")
+            ax.grid(True, axis="y")
+            ax.set_axisbelow(True)
+        axes[0].set_ylabel("Accuracy (%)")
+        handles = [Line2D([], [], color=styles[k].colour, marker=styles[k].marker, linestyle=styles[k].linestyle,
+                          markeredgecolor=styles[k].colour, markeredgewidth=0.7,
+                          markerfacecolor=styles[k].colour if styles[k].filled else "white",
+                          label=display_label(*k)) for k in keys]
+        figure.legend(handles=handles, loc="outside lower center", ncols=columns)
     return figure
 
 
-def plot_accuracy_vs_alpha(rows: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
-    """Accuracy (mean, shaded 95% CI) against the Dirichlet α of the query imbalance, per method and shot.
+def plot_accuracy_vs_alpha(rows: Sequence[Summary | Mapping[str, Any]], path: str | os.PathLike[str],
+                           formats: Sequence[str] = DEFAULT_FORMATS, width: str | float = "auto") -> Path:
+    """Accuracy (mean with 95% CI error bars) against the Dirichlet α of the query imbalance, per method and shot.
 
     Reproduces the robustness-to-imbalance figure of Tian et al., ICCV 2023: methods that assume a uniform class
-    prior lose accuracy as α shrinks (stronger imbalance), PUTM should degrade least. ``rows`` are summary dicts
-    as in results.csv (``method``, ``shots``, ``alpha`` — a number or ``"balanced"`` —, ``accuracy``, ``ci95``;
-    strings are accepted); a truthy ``oracle_prior`` column labels the method as such. Returns the PNG path.
+    prior lose accuracy as α shrinks (stronger imbalance), PUTM should degrade least. ``rows`` are summaries or
+    rows of results.csv (``method``, ``shots``, ``alpha`` — a number or ``"balanced"`` —, ``accuracy``, ``ci95``;
+    strings are accepted); a truthy ``oracle_prior`` column marks the method as such. ``path`` ends in ``.png``,
+    ``.pdf`` or ``.svg``; the other ``formats`` are written next to it. ``width``: ``"auto"`` (one column for one
+    shot, two columns for several), ``"single"``, ``"double"`` or inches. Returns ``path``.
     """
-    return _save_png(_accuracy_vs_alpha_figure(rows), path)
+    paths = figure_paths(path, formats)
+    return _save(_accuracy_vs_alpha_figure(rows, width), paths)
 
 
-# ------------------------------------------------------------------------------------ true vs estimated counts
+# ------------------------------------------------------------------------------------ class names of a task
 
 
 def _short_class_name(name: str, limit: int = 30) -> str:
-    """A tick label: dataset class names can be long paths (Omniglot's alphabet/character/rotation); keep the
-    last path parts that fit in ``limit`` characters."""
+    """A label: dataset class names can be long paths (Omniglot's alphabet/character/rotation); keep the last
+    path parts that fit in ``limit`` characters."""
     if len(name) <= limit:
         return name
     parts = name.replace("\\", "/").split("/")
@@ -194,8 +390,28 @@ def _short_class_name(name: str, limit: int = 30) -> str:
     return kept if len(kept) <= limit else "…" + kept[-(limit - 1):]
 
 
+def class_labels(class_names: Sequence[Any] | None, count: int) -> list[str]:
+    """The label of each class of one task, as every task figure prints it (count plot and t-SNE alike).
+
+    ``None`` gives ``class 0 … class N-1``; long path-like names keep their last parts (see
+    :func:`_short_class_name`); names that shorten to the same text get a ``[k]`` suffix so they stay distinct.
+    """
+    if class_names is None:
+        return [f"class {k}" for k in range(count)]
+    names = [str(name) for name in class_names]
+    if len(names) != count:
+        raise ValueError(f"class_names has {len(names)} entries but there are {count} classes")
+    short = [_short_class_name(name) for name in names]
+    repeated = {label for label in short if short.count(label) > 1}
+    return [f"{label} [{k}]" if label in repeated else label for k, label in enumerate(short)]
+
+
+# ------------------------------------------------------------------------------------ true vs estimated counts
+
+
 def _query_counts_figure(true_counts: Sequence[float], estimated_counts: Sequence[float],
-                         class_names: Sequence[str] | None = None, title: str | None = None) -> Figure:
+                         class_names: Sequence[str] | None = None, title: str | None = None,
+                         width: str | float = "auto") -> Figure:
     """Build (without saving) the grouped-bar figure of true vs estimated per-class query counts."""
     true = _as_array(true_counts, "true_counts").astype(float, copy=False)
     estimated = _as_array(estimated_counts, "estimated_counts").astype(float, copy=False)
@@ -209,42 +425,50 @@ def _query_counts_figure(true_counts: Sequence[float], estimated_counts: Sequenc
     for name, values in (("true_counts", true), ("estimated_counts", estimated)):
         if not np.all(np.isfinite(values)) or np.any(values < 0):
             raise ValueError(f"`{name}` must be finite and non-negative, got {values.tolist()}")
-    if class_names is None:
-        names = [f"class {k}" for k in range(true.size)]
-    else:
-        names = [str(name) for name in class_names]
-        if len(names) != true.size:
-            raise ValueError(f"class_names has {len(names)} entries but there are {true.size} classes")
+    labels = class_labels(class_names, true.size)
+    colours = class_colours(true.size)
 
-    figure = _new_figure(max(4.5, 1.1 * true.size + 1.5), 4.0)
-    ax: Axes = figure.subplots()
-    x = np.arange(true.size)
-    width = 0.38
-    true_bars = ax.bar(x - width / 2, true, width, color="0.55", label="true query count")
-    estimated_bars = ax.bar(x + width / 2, estimated, width, color=colormaps["tab10"](0),
-                            label="PUTM estimate (Σ_j π_f(k|j))")
-    ax.bar_label(true_bars, labels=[_format_number(v) for v in true], padding=2, fontsize=8)
-    ax.bar_label(estimated_bars, labels=[f"{v:.1f}" for v in estimated], padding=2, fontsize=8)
-    short = [_short_class_name(name) for name in names]
-    long_names = max(len(name) for name in short) > 8
-    ax.set_xticks(x, short, rotation=30 if long_names else 0, ha="right" if long_names else "center",
-                  fontsize=8 if long_names else None)
-    ax.set_ylabel("queries per class")
-    ax.set_ylim(0, max(float(true.max()), float(estimated.max()), 1.0) * 1.35)  # headroom for the legend
-    ax.legend(frameon=False, loc="upper center", ncols=2, fontsize=8)
-    ax.set_title(title or "class prior of the query set: true vs estimated")
+    with paper_style():
+        inches = _column_width(width, wide=true.size > 10)
+        figure = _new_figure(inches, 2.4)
+        ax: Axes = figure.subplots()
+        x = np.arange(true.size)
+        bar = 0.38
+        # same class colour in both bars (and in the t-SNE); the estimate is filled, the true count an outline
+        true_bars = ax.bar(x - bar / 2, true, bar, facecolor="white", edgecolor=colours, linewidth=0.9,
+                           hatch="//////", gid="true-counts")
+        estimated_bars = ax.bar(x + bar / 2, estimated, bar, color=colours, edgecolor=colours, linewidth=0.9,
+                                gid="estimated-counts")
+        ax.bar_label(true_bars, labels=[_format_number(v) for v in true], padding=1.5, fontsize=6)
+        ax.bar_label(estimated_bars, labels=[f"{v:.1f}" for v in estimated], padding=1.5, fontsize=6)
+        long_names = max(len(label) for label in labels) * true.size > 12 * inches  # ~12 characters per inch
+        ax.set_xticks(x, labels, rotation=30 if long_names else 0, ha="right" if long_names else "center",
+                      rotation_mode="anchor", fontsize=6 if long_names else None)
+        ax.tick_params(axis="x", length=0)
+        ax.set_ylabel("Queries per class")
+        ax.set_ylim(0, max(float(true.max()), float(estimated.max()), 1.0) * 1.3)  # headroom for the legend
+        handles = [Patch(facecolor="white", edgecolor="0.35", hatch="//////", linewidth=0.9, label="true count"),
+                   Patch(facecolor="0.35", edgecolor="0.35", linewidth=0.9,
+                         label=r"PUTM estimate $\Sigma_j\,\pi_f(k\,|\,j)$")]
+        ax.legend(handles=handles, loc="upper center", ncols=2)
+        if title != "":
+            ax.set_title(title or "Class prior of the query set: true vs estimated")
     return figure
 
 
 def plot_query_counts(true_counts: Sequence[float], estimated_counts: Sequence[float],
                       path: str | os.PathLike[str], class_names: Sequence[str] | None = None,
-                      title: str | None = None) -> Path:
+                      title: str | None = None, formats: Sequence[str] = DEFAULT_FORMATS,
+                      width: str | float = "auto") -> Path:
     """Grouped bars of the true per-class query counts and PUTM's estimate Σ_j π_f(k|j).
 
     Reproduces the prior case study of Tian et al., ICCV 2023: the forward navigator should recover the
-    imbalanced class marginal of the query set, which uniform-prior methods cannot. Returns the PNG path.
+    imbalanced class marginal of the query set, which uniform-prior methods cannot. Classes are labelled and
+    coloured as in :func:`plot_prototype_tsne` for the same ``class_names``; ``title=""`` drops the title (for
+    a paper, where the caption says it). Writes ``path`` and the other ``formats`` next to it; returns ``path``.
     """
-    return _save_png(_query_counts_figure(true_counts, estimated_counts, class_names, title), path)
+    paths = figure_paths(path, formats)
+    return _save(_query_counts_figure(true_counts, estimated_counts, class_names, title, width), paths)
 
 
 # ------------------------------------------------------------------------------------------- prototype t-SNE
@@ -317,60 +541,85 @@ def _validate_labels(labels: np.ndarray, name: str, count: int, n_classes: int) 
 
 def plot_prototype_tsne(queries: Any, query_labels: Any, initial_prototypes: Any, refined_prototypes: Any,
                         path: str | os.PathLike[str], support: Any = None, support_labels: Any = None,
-                        seed: int = 0, title: str | None = None) -> Path:
+                        seed: int = 0, title: str | None = None, class_names: Sequence[str] | None = None,
+                        formats: Sequence[str] = DEFAULT_FORMATS, width: str | float = "double") -> Path:
     """t-SNE of one task: queries by true class with the support-mean and the PUTM-refined prototypes.
 
     Reproduces the prototype visualisation of Tian et al., ICCV 2023: under imbalance the support means sit off
     the query clusters, the CT-EM refinement should move each prototype into its class's cluster. One t-SNE is
     fitted on all points (queries, support, both prototype sets) so the two panels share coordinates; arrows in
     the second panel show each prototype's move. Inputs are torch tensors or arrays: queries [Q, m], labels [Q]
-    (task-relative 0..N-1), prototypes [N, m], optional support [S, m] with labels [S]. Returns the PNG path.
+    (task-relative 0..N-1), prototypes [N, m], optional support [S, m] with labels [S]; ``class_names`` label
+    the classes exactly as :func:`plot_query_counts` does. Writes ``path`` and the other ``formats``; returns
+    ``path``.
     """
-    return _save_png(_prototype_tsne_figure(queries, query_labels, initial_prototypes, refined_prototypes,
-                                            support, support_labels, seed, title), path)
+    paths = figure_paths(path, formats)
+    return _save(_prototype_tsne_figure(queries, query_labels, initial_prototypes, refined_prototypes,
+                                        support, support_labels, seed, title, class_names, width), paths)
 
 
 def _prototype_tsne_figure(queries: Any, query_labels: Any, initial_prototypes: Any, refined_prototypes: Any,
                            support: Any = None, support_labels: Any = None, seed: int = 0,
-                           title: str | None = None) -> Figure:
+                           title: str | None = None, class_names: Sequence[str] | None = None,
+                           width: str | float = "double") -> Figure:
     """Build (without saving) the two-panel prototype t-SNE figure."""
     q, y, p0, p1, s, sy = _validate_tsne_inputs(queries, query_labels, initial_prototypes, refined_prototypes,
                                                  support, support_labels)
-    embedded = _tsne_embedding(np.concatenate([q, s, p0, p1]), seed)
     n_q, n_s, n_c = q.shape[0], s.shape[0], p0.shape[0]
+    labels = class_labels(class_names, n_c)
+    embedded = _tsne_embedding(np.concatenate([q, s, p0, p1]), seed)
     eq = embedded[:n_q]
     es = embedded[n_q:n_q + n_s]
     e0 = embedded[n_q + n_s:n_q + n_s + n_c]
     e1 = embedded[n_q + n_s + n_c:]
-    colours = np.array(_colours(n_c))
+    colours = np.array(class_colours(n_c))
 
-    figure = _new_figure(10.0, 5.0)
-    before, after = figure.subplots(1, 2, sharex=True, sharey=True)
-    for ax, prototypes, panel_title in ((before, e0, "before refinement (support means)"),
-                                        (after, e1, "after PUTM refinement")):
-        ax.scatter(eq[:, 0], eq[:, 1], s=18, c=colours[y], alpha=0.75, linewidths=0)
+    with paper_style():
+        inches = _column_width(width, wide=True)
+        figure = _new_figure(inches, 0.36 * inches + 0.6)
+        before, after = figure.subplots(1, 2, sharex=True, sharey=True)
+        for ax, prototypes, panel_title in ((before, e0, "Before refinement (support means)"),
+                                            (after, e1, "After PUTM refinement")):
+            ax.scatter(eq[:, 0], eq[:, 1], s=9, c=colours[y], alpha=0.7, linewidths=0)
+            if n_s:
+                ax.scatter(es[:, 0], es[:, 1], s=16, c=colours[sy], marker="s", edgecolors="black",
+                           linewidths=0.4)
+            ax.scatter(prototypes[:, 0], prototypes[:, 1], s=110, c=colours, marker="*", edgecolors="black",
+                       linewidths=0.6, zorder=3)
+            ax.set_title(panel_title)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for side in ("top", "right", "bottom", "left"):
+                ax.spines[side].set_visible(True)
+                ax.spines[side].set_color("0.7")
+        after.scatter(e0[:, 0], e0[:, 1], s=60, marker="*", facecolors="none", edgecolors=colours, linewidths=0.6,
+                      zorder=2)
+        for k in range(n_c):
+            after.annotate("", xy=tuple(e1[k]), xytext=tuple(e0[k]),
+                           arrowprops={"arrowstyle": "->", "color": colours[k], "linewidth": 0.7,
+                                       "shrinkA": 3, "shrinkB": 5})
+        kinds = [Line2D([], [], linestyle="", marker="o", markersize=3.5, color="0.45", markeredgewidth=0,
+                        label="query")]
         if n_s:
-            ax.scatter(es[:, 0], es[:, 1], s=30, c=colours[sy], marker="s", edgecolors="black", linewidths=0.5)
-        ax.scatter(prototypes[:, 0], prototypes[:, 1], s=260, c=colours, marker="*", edgecolors="black",
-                   linewidths=0.9, zorder=3)
-        ax.set_title(panel_title)
-        ax.set_xticks([])
-        ax.set_yticks([])
-    after.scatter(e0[:, 0], e0[:, 1], s=120, marker="*", facecolors="none", edgecolors=colours, linewidths=0.8,
-                  zorder=2)
-    for k in range(n_c):
-        after.annotate("", xy=tuple(e1[k]), xytext=tuple(e0[k]),
-                       arrowprops={"arrowstyle": "->", "color": colours[k], "linewidth": 0.8,
-                                   "shrinkA": 4, "shrinkB": 6})
-    handles = [Line2D([], [], linestyle="", marker="o", color="0.4", label="query (true class colour)"),
-               Line2D([], [], linestyle="", marker="*", markersize=12, color="0.4", markeredgecolor="black",
-                      label="prototype")]
-    if n_s:
-        handles.insert(1, Line2D([], [], linestyle="", marker="s", color="0.4", markeredgecolor="black",
-                                 label="support"))
-    handles += [Line2D([], [], linestyle="", marker="o", color=colours[k], label=f"class {k}") for k in range(n_c)]
-    figure.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 6), frameon=False,
-                  fontsize=8)
-    if title:
-        figure.suptitle(title)
+            kinds.append(Line2D([], [], linestyle="", marker="s", markersize=3.5, color="0.45",
+                                markeredgecolor="black", markeredgewidth=0.4, label="support"))
+        kinds += [Line2D([], [], linestyle="", marker="*", markersize=8, color="0.45", markeredgecolor="black",
+                         markeredgewidth=0.6, label="prototype"),
+                  Line2D([], [], linestyle="", marker="*", markersize=7, markerfacecolor="none",
+                         markeredgecolor="0.45", markeredgewidth=0.6, label="support mean (before)")]
+        classes = [Line2D([], [], linestyle="", marker="o", markersize=4.5, color=colours[k], markeredgewidth=0,
+                          label=labels[k]) for k in range(n_c)]
+        # one legend: the marker kinds on the first row, the classes (same labels and colours as the count
+        # plot) on the rows below; matplotlib fills legends column by column, so the grid is transposed
+        entry = max(0.6, 0.075 * max(len(label) for label in labels) + 0.35)  # inches per class entry
+        columns = max(len(kinds), _legend_columns(n_c, max(1, int(inches / entry))))
+        blank = Line2D([], [], linestyle="", marker="", label="")
+        grid = [kinds + [blank] * (columns - len(kinds))]
+        for start in range(0, n_c, columns):
+            chunk = classes[start:start + columns]
+            grid.append(chunk + [blank] * (columns - len(chunk)))
+        ordered = [row[c] for c in range(columns) for row in grid]
+        figure.legend(handles=ordered, loc="outside lower center", ncols=columns)
+        if title:
+            figure.suptitle(title)
     return figure

@@ -117,6 +117,13 @@ def method_uses_base_covariance(name: str) -> bool:
     return bool(cls is not None and getattr(cls, "uses_base_covariance", False))
 
 
+def method_display_name(name: str) -> str:
+    """How figures print method ``name`` (``alpha_tim`` → ``α-TIM``): the class's ``display_name``, falling
+    back to ``name`` itself for unknown or user-registered methods without one."""
+    cls = METHOD_CLASSES.get(name)
+    return (getattr(cls, "display_name", "") if cls is not None else "") or name
+
+
 def method_uses_class_prior(name: str) -> bool:
     """Whether method ``name`` uses a class marginal (and so may receive counts under the oracle prior)."""
     cls = METHOD_CLASSES.get(name)
@@ -137,5 +144,5 @@ def build_method(name: str, params: dict[str, Any] | None = None, **context: Any
 
 __all__ = ["FewShotMethod", "PUTM", "SimpleShot", "ProtoNet", "PTMAP", "TIMGD", "AlphaTIM", "BDCSPN",
            "LaplacianShot", "BAVARDAGE", "ILPC",
-           "METHOD_REGISTRY", "METHOD_CLASSES", "available_methods", "build_method",
+           "METHOD_REGISTRY", "METHOD_CLASSES", "available_methods", "build_method", "method_display_name",
            "method_uses_base_covariance", "method_uses_base_mean", "method_uses_class_prior", "register_method"]

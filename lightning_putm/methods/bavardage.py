@@ -180,6 +180,7 @@ class BAVARDAGE(FewShotMethod):
     """BAVARDAGE with a flat Dirichlet prior (fair default), or labelled oracle priors."""
 
     name = "bavardage"
+    display_name = "BAVARDAGE"
     uses_base_mean = True
     uses_class_prior = True  # under oracle_prior: the true query proportions become fixed class weights
     #: Whitens with the base classes' shared within-class scatter (``base_covariance``, from

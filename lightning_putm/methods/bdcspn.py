@@ -121,6 +121,7 @@ def rectify_prototypes(
 
 class BDCSPN(FewShotMethod):
     name = "bdcspn"
+    display_name = "BD-CSPN"
     uses_base_mean = True
 
     def __init__(self, base_mean: torch.Tensor | None = None, variant: str = "benchmark", temperature: float = 10.0,

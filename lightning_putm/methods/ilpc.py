@@ -147,6 +147,7 @@ class ILPC(FewShotMethod):
     """iLPC: kNN label propagation + (optional) Sinkhorn balancing + loss-based label cleaning."""
 
     name = "ilpc"
+    display_name = "iLPC"
     uses_class_prior = True  # the balancing marginal; true counts only under the explicit oracle switch
 
     def __init__(

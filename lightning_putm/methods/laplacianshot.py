@@ -85,6 +85,7 @@ def laplacian_energy(y: torch.Tensor, unary: torch.Tensor, affinity: torch.Tenso
 
 class LaplacianShot(FewShotMethod):
     name = "laplacianshot"
+    display_name = "LaplacianShot"
     uses_base_mean = True
 
     def __init__(

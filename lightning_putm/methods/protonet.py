@@ -18,6 +18,7 @@ from lightning_putm.tasks import TaskBatch
 
 class ProtoNet(FewShotMethod):
     name = "protonet"
+    display_name = "ProtoNet"
 
     def __init__(self, temperature: float = 1.0, **kwargs) -> None:
         super().__init__(**kwargs)

@@ -65,6 +65,7 @@ class PTMAP(FewShotMethod):
     """PT-MAP with the uniform class marginal (or the true counts under the oracle prior)."""
 
     name = "ptmap"
+    display_name = "PT-MAP"
     uses_class_prior = True
 
     def __init__(

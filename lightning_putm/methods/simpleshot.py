@@ -20,6 +20,7 @@ from lightning_putm.tasks import TaskBatch
 
 class SimpleShot(FewShotMethod):
     name = "simpleshot"
+    display_name = "SimpleShot"
     uses_base_mean = True
 
     def __init__(self, base_mean: torch.Tensor | None = None, temperature: float = 10.0, **kwargs) -> None:

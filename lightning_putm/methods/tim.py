@@ -84,6 +84,7 @@ class TIMGD(FewShotMethod):
     """TIM-GD: gradient descent on the mutual-information objective (Shannon entropies)."""
 
     name = "tim"
+    display_name = "TIM"
 
     def __init__(
         self,
@@ -160,6 +161,7 @@ class AlphaTIM(TIMGD):
     """α-TIM: TIM-GD with Tsallis α-entropies for the marginal and conditional terms."""
 
     name = "alpha_tim"
+    display_name = "α-TIM"
 
     def __init__(
         self,
