@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -98,9 +99,24 @@ def check_resolvable(cfg: DictConfig) -> None:
     try:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as exc:
+        key = getattr(exc, "full_key", None) or "a key"
+        missing_env = re.search(r"Environment variable '([^']+)' not found", str(exc))
+        if missing_env:  # ${oc.env:NAME} without a default, e.g. the checkpoint of a sweep file
+            name = missing_env.group(1)
+            raise ConfigError(f"`{key}` reads the environment variable {name}, which is not set; set it (e.g. `export "
+                              f"{name}=...` before `python` or `wandb agent`) or give {key}=<value> on the command line") from exc
         reason = " ".join(str(exc).split())
-        raise ConfigError(f"cannot resolve an interpolation in the config ({reason}); `${{key}}` must name an "
-                          "existing key and must not refer to itself") from exc
+        raise ConfigError(f"cannot resolve an interpolation in the config (`{key}`: {reason}); `${{key}}` must name "
+                          "an existing key and must not refer to itself") from exc
+
+
+def resolve_override_value(key: str, raw: str) -> Any:
+    """The value of one ``key=value`` override with its ``${...}`` resolved (e.g. ``checkpoint=${oc.env:CKPT}``),
+    for the few keys read before the config is assembled; a bad interpolation is :func:`check_resolvable`'s error."""
+    holder = OmegaConf.create({})
+    OmegaConf.update(holder, key, parse_value(key, raw), merge=False)
+    check_resolvable(holder)
+    return OmegaConf.select(holder, key)
 
 
 def _check_key(cfg: DictConfig, dotted: str) -> None:

@@ -1,7 +1,7 @@
 """Dataset readers in their real on-disk layouts, transforms and the DataModule (lightning_putm.data).
 
 Each fixture writes a few classes of small PIL-generated images in the layout the reader expects.
-The real Omniglot (../shared/data/omniglot beside the checkout) is counted when present.
+A real Omniglot copy, when one is provided beside the checkout, is counted too; that test skips otherwise.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def test_vinyals_rule() -> None:
 
 
 @pytest.mark.skipif(not (REAL_OMNIGLOT / "omniglot-py").is_dir(),
-                    reason=f"real Omniglot not found at {REAL_OMNIGLOT} (see DESIGN §6)")
+                    reason=f"real Omniglot not found at {REAL_OMNIGLOT} (optional local copy)")
 def test_real_omniglot_vinyals_counts() -> None:
     """The real data: 1200 / 423 characters x 4 rotations, 20 drawings each; the rule equals the split files."""
     from lightning_putm.data.omniglot import omniglot_characters
@@ -248,10 +248,10 @@ def test_real_omniglot_vinyals_counts() -> None:
 def test_digits_demo_splits() -> None:
     train, val, test = (read_split("digits", None, s) for s in ("train", "val", "test"))
     assert train.class_names == [f"digit_{d}" for d in range(5)]
-    assert test.class_names == [f"digit_{d}" for d in range(5, 10)] == val.class_names
+    assert test.class_names == [f"digit_{d}" for d in range(5, 10)] and val.class_names == train.class_names
     assert set(train.labels.tolist()) == set(range(5)) and set(test.labels.tolist()) == set(range(5))
     assert not set(train.class_names) & set(test.class_names)
-    assert len(train) + len(test) == 1797
+    assert len(train) + len(val) + len(test) == 1797
     assert train.images.shape[1:] == (1, 8, 8) and 0 <= float(train.images.min()) and float(train.images.max()) <= 1
 
 

@@ -136,7 +136,8 @@ def putm_case_study(results: Sequence[SettingResult], feature_set: FeatureSet, s
 
 def make_plots(results: Sequence[SettingResult], feature_set: FeatureSet, settings: EvaluationSettings, folder: Path, task: int = 0,
                log: Callable[[str], None] = print) -> dict[str, Path]:
-    """Write the PNGs into ``folder``; returns ``{name: path}``."""
+    """Write the figures into ``folder`` (each as PNG and PDF, see ``plots.DEFAULT_FORMATS``); returns
+    ``{name: PNG path, name_pdf: PDF path}``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     figures = {"accuracy_vs_alpha": plots.plot_accuracy_vs_alpha([r.summary() for r in results],
@@ -144,15 +145,21 @@ def make_plots(results: Sequence[SettingResult], feature_set: FeatureSet, settin
     case = putm_case_study(results, feature_set, settings, task)
     if case is not None:
         where = f"{case['shots']}-shot alpha={case['alpha']} task {case['task']}"
+        alpha = "balanced" if case["alpha"] == "balanced" else rf"$\alpha$ = {case['alpha']}"
+        typeset = f"{case['shots']}-shot, {alpha}, task {case['task']}"
         figures["putm_query_counts"] = plots.plot_query_counts(
             case["true_counts"], case["estimated_counts"], folder / "putm_query_counts.png",
-            class_names=case["class_names"], title=f"PUTM class-count estimate, {where}")
+            class_names=case["class_names"], title=f"PUTM class-count estimate, {typeset}")
         figures["putm_tsne"] = plots.plot_prototype_tsne(
             case["queries"], case["query_labels"], case["initial_prototypes"], case["refined_prototypes"],
             folder / "putm_tsne.png", support=case["support"], support_labels=case["support_labels"],
-            seed=settings.seed, title=f"PUTM prototypes, {where}")
+            seed=settings.seed, title=f"PUTM prototypes, {typeset}", class_names=case["class_names"])
         estimate = ", ".join(f"{e:.1f}" for e in case["estimated_counts"])
         log(f"PUTM case study ({where}): true query counts {case['true_counts']}, estimated [{estimate}]")
+    # every file of each figure (the PDF next to the PNG), so a re-run's stale-file cleanup keeps them
+    for name, png in list(figures.items()):
+        for extra in plots.figure_paths(png)[1:]:
+            figures[f"{name}_{extra.suffix.lstrip('.')}"] = extra
     return figures
 
 
@@ -168,12 +175,25 @@ def log_to_loggers(loggers: Iterable[Any], summaries: Sequence[Summary], figures
             log_to_wandb(logger.experiment, summaries, figures, prefix)
 
 
+def run_summary_metrics(summaries: Sequence[Summary], prefix: str) -> dict[str, float]:
+    """``<prefix>/<method>/acc``: each method's mean accuracy over this run's own (shot, α) settings.
+
+    Every run logs it whatever its settings, so a W&B sweep can optimise one metric name over grid points that
+    differ in shots or α (a run with one shot and one α: that setting's accuracy).
+    """
+    by_method: dict[str, list[float]] = {}
+    for summary in summaries:
+        by_method.setdefault(summary.method, []).append(summary.accuracy)
+    return {f"{prefix}/{method}/acc": round(sum(values) / len(values), 4) for method, values in by_method.items()}
+
+
 def log_to_wandb(run: Any, summaries: Sequence[Summary], figures: dict[str, Path], prefix: str) -> None:
     import wandb
 
     rows = [s.csv_row() for s in summaries]
     payload: dict[str, Any] = {
-        f"{prefix}/results": wandb.Table(columns=SUMMARY_COLUMNS, data=[[row[c] for c in SUMMARY_COLUMNS] for row in rows])
+        f"{prefix}/results": wandb.Table(columns=SUMMARY_COLUMNS, data=[[row[c] for c in SUMMARY_COLUMNS] for row in rows]),
+        **run_summary_metrics(summaries, prefix),
     }
     for shots in sorted({s.shots for s in summaries}):
         numeric = [s for s in summaries if s.shots == shots and s.alpha is not None]
@@ -186,5 +206,6 @@ def log_to_wandb(run: Any, summaries: Sequence[Summary], figures: dict[str, Path
             xs=alphas, ys=[[accuracy.get((m, a), float("nan")) for a in alphas] for m in methods], keys=methods,
             title=f"{shots}-shot accuracy (%) vs Dirichlet alpha", xname="alpha")
     for name, path in figures.items():
-        payload[f"{prefix}/plots/{name}"] = wandb.Image(str(path))
+        if Path(path).suffix.lower() == ".png":  # W&B shows images; the PDFs stay in the run folder
+            payload[f"{prefix}/plots/{name}"] = wandb.Image(str(path))
     run.log(payload)
