@@ -303,14 +303,15 @@ def empty_dir(tmp_path: Path, name: str = "empty") -> Path:
     ("cub", r"expected the images/ folder at .*point data.root at the CUB_200_2011 folder"),
     ("miniimagenet", r"miniimagenet: expected .*\.csv.*check data.root"),
     ("tieredimagenet", r"expected the train/ folder"),
-    ("cifarfs", r"cifarfs: expected"),
+    ("cifarfs", r"cifarfs: data root .*does not hold the dataset; point data.root at .*data.download=true"),
     ("omniglot", r"omniglot: "),
 ])
 def test_missing_or_empty_data_roots(tmp_path: Path, dataset: str, pattern: str) -> None:
     base = ["data=" + dataset, "data.image_size=16", "data.num_workers=0"]
     train_error(tmp_path, base, rf"{dataset}: no data root given; pass data.root=PATH", f"data={dataset} (no root)")
     train_error(tmp_path, [*base, f"data.root={tmp_path / 'nowhere'}"],
-                rf"{dataset}: data root .*nowhere does not exist or is not a folder; point data.root at",
+                rf"{dataset}: data root .*nowhere does not exist( or is not a folder)?; point data.root at"
+                + (r".*data.download=true" if dataset in ("cifarfs", "omniglot") else ""),
                 f"data={dataset} data.root=<missing folder>")
     train_error(tmp_path, [*base, f"data.root={empty_dir(tmp_path)}"], pattern, f"data={dataset} data.root=<empty folder>")
 

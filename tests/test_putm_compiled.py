@@ -207,6 +207,33 @@ def test_bad_options_fail_with_the_key():
         CompiledTrainer(navigator_for(1), PUTMSettings(hidden=(16, 8)), torch.float32, use_graph=True)
 
 
+def test_a_failing_compiler_or_graph_capture_falls_back_to_the_same_eager_result(monkeypatch):
+    # kills: a fallback that skips the failed step, applies Adam twice, or lets the error stop the evaluation
+    settings = PUTMSettings(inner_steps=3, hidden=(16, 8))
+    generator = torch.Generator().manual_seed(4)
+    query, prototypes = torch.rand(3, 7, 12, generator=generator), torch.rand(3, 4, 12, generator=generator)
+    eager = CompiledTrainer(navigator_for(3), settings, torch.float32, compile_step=False)
+    expected = eager.run(query, prototypes, 4)
+
+    def broken_compiler(function, **kwargs):
+        def compiled(*args):
+            raise RuntimeError("inductor exploded\nlong traceback")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", broken_compiler)
+    trainer = CompiledTrainer(navigator_for(3), settings, torch.float32, compile_step=True)
+    with pytest.warns(RuntimeWarning, match=r"torch.compile of the navigator step failed \(RuntimeError: inductor exploded\)"):
+        got = trainer.run(query, prototypes, 4)
+    assert torch.equal(got[0], expected[0]) and torch.equal(trainer.navigator.flat, eager.navigator.flat)
+    # a CUDA-graph capture that fails (here: no CUDA stream on this machine) leaves the state untouched
+    graphed = CompiledTrainer(navigator_for(3), settings, torch.float32)
+    graphed.use_graph = True
+    with pytest.warns(RuntimeWarning, match="the CUDA graph of the E-step failed"):
+        got = graphed.run(query, prototypes, 4)
+    assert torch.equal(got[0], expected[0]) and torch.equal(graphed.navigator.flat, eager.navigator.flat)
+    assert graphed.use_graph is False
+
+
 @pytest.mark.slow
 def test_compiled_step_function_agrees_on_cpu():
     # torch.compile on CPU (inductor, C++ codegen): slow to compile, so marked slow

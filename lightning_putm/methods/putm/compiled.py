@@ -21,6 +21,7 @@ The navigator re-draw can run on the device (``init_draw=device``, :func:`.navig
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Protocol
 
 import torch
@@ -168,8 +169,17 @@ class CompiledTrainer:
     def one_step(self, inputs: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """One Adam step; returns ``(π_f, π_b)`` before the update."""
         s, nav = self.settings, self.navigator
-        forward, backward, grad = self.step_function(inputs, cost, nav.stored, nav.biases, nav.widths[-1],
-                                                     s.negative_slope, s.rho, s.theta, self.compute_dtype)
+        arguments = (inputs, cost, nav.stored, nav.biases, nav.widths[-1], s.negative_slope, s.rho, s.theta,
+                     self.compute_dtype)
+        try:
+            forward, backward, grad = self.step_function(*arguments)
+        except Exception as exc:  # noqa: BLE001 - a compiler failure must not stop an evaluation
+            if self.step_function is navigator_step:
+                raise
+            # the step is pure (nothing was updated yet), so the eager function gives this step's exact result
+            fall_back("torch.compile of the navigator step", exc)
+            self.step_function = navigator_step
+            forward, backward, grad = navigator_step(*arguments)
         self.adam.step(grad)
         return forward, backward
 
@@ -186,9 +196,15 @@ class CompiledTrainer:
         squared = (query.unsqueeze(2) - prototypes.unsqueeze(1)).pow(2)  # [T, Q, N, m]
         cost = squared.sum(-1)
         inputs = squared.reshape(t, q * ways, m).to(self.compute_dtype)
-        if not self.use_graph:
-            return self.inner_loop(inputs, cost)
-        return self._run_graph(inputs, cost)
+        if self.use_graph:
+            try:
+                return self._run_graph(inputs, cost)
+            except Exception as exc:  # noqa: BLE001 - a capture failure must not stop an evaluation
+                # the warm-up and the capture fail before they change the navigator or Adam state (a captured
+                # graph runs nothing until replayed), so the eager loop below gives this E-step's result
+                fall_back("the CUDA graph of the E-step", exc)
+                self.use_graph, self._graph, self._static = False, None, {}
+        return self.inner_loop(inputs, cost)
 
     def _run_graph(self, inputs: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """CUDA: the first call of a shape runs eagerly (warm-up, compilation); the second captures the inner
@@ -213,6 +229,13 @@ class CompiledTrainer:
         static["cost"].copy_(cost)
         self._graph.replay()
         return static["forward"].clone(), static["backward"].clone()
+
+
+def fall_back(what: str, exc: BaseException) -> None:
+    """One warning when a GPU speed-up fails and the engine continues with the same mathematics, eagerly."""
+    warnings.warn(f"putm solver=compiled: {what} failed ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+                  "continuing without it (same results, slower). Please report this with your torch and GPU versions",
+                  RuntimeWarning, stacklevel=3)
 
 
 class EMHost(Protocol):
