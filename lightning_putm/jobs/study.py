@@ -27,7 +27,7 @@ import math
 import re
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -60,7 +60,6 @@ class Sweep:
     swept: dict[str, dict[str, Any]]  # name -> {"values": [...]} or a distribution
     run_cap: int | None = None
     path: Path | None = None
-    grid: list[dict[str, Any]] = field(default_factory=list)
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point, in the file's order (``method: grid`` only)."""
@@ -246,7 +245,7 @@ class Study:
     def _suggest(trial: Any, key: str, spec: dict[str, Any]) -> Any:
         if "values" in spec:
             values = spec["values"]
-            names = [json.dumps(v) if not isinstance(v, (str, int, float, bool)) else v for v in values]
+            names = [Study._grid_value(v) for v in values]
             chosen = trial.suggest_categorical(key, names)
             return values[names.index(chosen)]
         low, high = spec["min"], spec["max"]
@@ -274,7 +273,7 @@ class Study:
                     self.log(f"[{self.sweep.name}] {len(todo)} run(s) in flight in other processes; waiting")
                     time.sleep(max(1, self.heartbeat_s))
                     continue
-                self.study.enqueue_trial({k: self._grid_value(self.sweep.swept[k], v) for k, v in free[0].items()})
+                self.study.enqueue_trial({k: self._grid_value(v) for k, v in free[0].items()})
             elif len(self.finished_keys()) >= (self.sweep.run_cap or math.inf):
                 break
             self.study.optimize(objective, n_trials=1, catch=())
@@ -282,7 +281,8 @@ class Study:
         return done_here
 
     @staticmethod
-    def _grid_value(spec: dict[str, Any], value: Any) -> Any:
+    def _grid_value(value: Any) -> Any:
+        """A grid value as Optuna stores categorical choices (lists as their JSON text, like :meth:`_suggest`)."""
         return json.dumps(value) if not isinstance(value, (str, int, float, bool)) else value
 
     def rows(self) -> list[StudyRow]:
