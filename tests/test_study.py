@@ -141,3 +141,15 @@ def test_killed_study_resumes_and_ends_with_the_uninterrupted_results(tmp_path):
         key = point_key(point)
         assert (killed / "runs" / key / "per_task.csv").read_bytes() == (whole / "runs" / key / "per_task.csv").read_bytes()
     assert len(read_csv(killed / "summary.csv")) == 4
+
+
+def test_command_line_arguments_reach_every_run_as_typed(tmp_path):
+    # kills: formatting a command-line null through the agent formatter (the text "None" as a checkpoint path)
+    spec = {**GRID, "parameters": {**GRID["parameters"], "checkpoint": {"value": "${oc.env:PUTM_CHECKPOINT}"}}}
+    sweep = read_sweep(sweep_file(tmp_path, spec), ["checkpoint=null", "alphas=[1,2]"])
+    assert sweep.extra == ("checkpoint=null", "alphas=[1,2]")
+    assert "checkpoint" not in sweep.fixed and "alphas" not in sweep.swept
+    from lightning_putm.jobs.study import Study
+
+    args = Study(sweep, tmp_path / "s").arguments({"method.putm.rho": 0.0}, tmp_path / "s" / "runs" / "x")
+    assert "checkpoint=null" in args and "alphas=[1,2]" in args and not any(a.startswith("checkpoint=$") for a in args)

@@ -60,6 +60,8 @@ class Sweep:
     swept: dict[str, dict[str, Any]]  # name -> {"values": [...]} or a distribution
     run_cap: int | None = None
     path: Path | None = None
+    extra: tuple[str, ...] = ()  # command-line key=value arguments, passed to every run as typed
+
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point, in the file's order (``method: grid`` only)."""
@@ -103,22 +105,25 @@ def read_sweep(path: Path, overrides: Sequence[str] = ()) -> Sweep:
             raise ConfigError(f"{path}: parameters.{key}: a grid sweep needs `values` (or a fixed `value`)")
         else:
             swept[key] = _distribution(path, key, options)
+    extra: list[str] = []
     for text in overrides:
         key, raw = split_override(text)
         if key in STUDY_OWNED:
             raise ConfigError(f"{key}: the study gives every run its own folder under the study's folder; use --dir")
         swept.pop(key, None)
-        fixed[key] = yaml.safe_load(raw) if raw.strip() else raw
+        fixed.pop(key, None)
+        extra.append(text)  # as typed: evaluate.py reads it (checkpoint=null stays null, not the text None)
     for key in STUDY_OWNED:
         fixed.pop(key, None)
     if not swept:
         raise ConfigError(f"{path}: nothing is swept (no parameter has `values` or a distribution)")
     run_cap = spec.get("run_cap")
     sweep = Sweep(str(spec.get("name") or path.stem), method, name, goal, fixed, swept,
-                  None if run_cap is None else int(run_cap), path)
+                  None if run_cap is None else int(run_cap), path, tuple(extra))
     metric_method = METRIC.match(name).group("method")
-    methods = str(fixed.get("methods", ""))
-    if "methods" in fixed and metric_method not in methods:
+    given = {split_override(t)[0]: split_override(t)[1] for t in extra}
+    methods = str(given.get("methods", fixed.get("methods", "")))
+    if ("methods" in fixed or "methods" in given) and metric_method not in methods:
         raise ConfigError(f"{path}: the metric {name} needs method {metric_method} in `methods` ({methods})")
     return sweep
 
@@ -193,7 +198,8 @@ class Study:
     def arguments(self, point: dict[str, Any], run_folder: Path) -> list[str]:
         group = [] if "wandb.group" in self.sweep.fixed else [f"wandb.group={self.sweep.name}"]
         name = [] if "wandb.name" in self.sweep.fixed else [f"wandb.name={self.sweep.name}-{run_folder.name}"]
-        return [*agent_arguments({**self.sweep.fixed, **point}), f"output_dir={run_folder}", *group, *name]
+        return [*agent_arguments({**self.sweep.fixed, **point}), *self.sweep.extra, f"output_dir={run_folder}", *group,
+                *name]
 
     # ------------------------------------------------------------------------------------------- optuna
     @property
@@ -202,7 +208,7 @@ class Study:
             import optuna
             from optuna.storages import RDBStorage
 
-            optuna.logging.set_verbosity(optuna.logging.WARNING)
+            optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed run is reported once, by our own error
             # heartbeats are marked experimental in Optuna; they are what makes a dead process's run free again
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
             warnings.filterwarnings("ignore", message=r".*fail_stale_trials is experimental")

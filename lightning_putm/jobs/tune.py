@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
-from lightning_putm.config import load_yaml
+from lightning_putm.config import load_yaml, split_override
 from lightning_putm.errors import ConfigError
 from lightning_putm.jobs.study import STUDY_ROOT, Study, _options, agent_arguments, metric_value, read_sweep
 from lightning_putm.evaluation.study_summary import write_study_summary
@@ -36,13 +36,15 @@ def run_tune(argv: Sequence[str], log: Callable[[str], None] = print,
     if not rest:
         raise ConfigError("give a sweep file: python -m lightning_putm tune conf/sweep/<name>.yaml checkpoint=... ")
     sweep = read_sweep(Path(rest[0]), rest[1:])
-    split = str(sweep.fixed.get("split", "val"))
+    given = dict(split_override(t) for t in sweep.extra)  # command-line arguments, as typed
+    split = str(given.get("split", sweep.fixed.get("split", "val")))
     if split != "val":
         raise ConfigError(f"tune selects on the validation classes: split must be val, got split={split} "
                           "(drop split= from the sweep file and the command line)")
-    if not sweep.fixed.get("checkpoint"):
+    if given.get("checkpoint", sweep.fixed.get("checkpoint")) in (None, "", "null", "None"):
         raise ConfigError("tune needs checkpoint=/path/to/best.ckpt: it evaluates the checkpoint's validation split")
     sweep.fixed["split"] = "val"
+    sweep.extra = tuple(t for t in sweep.extra if split_override(t)[0] != "split")
     if sweep.method != "grid" and options.get("max_runs") is not None:
         sweep.run_cap = int(options["max_runs"])
     folder = Path(options.get("dir") or TUNE_ROOT / slug(sweep.name))
@@ -86,8 +88,8 @@ def _test_report(sweep: Any, best: Any, rows: Sequence[Any], folder: Path,
                  run: Callable[[list[str]], Sequence[Any]], log: Callable[[str], None]) -> list[str]:
     """Selected setting vs the defaults on the test split: same seed, same episodes."""
     fixed = {**sweep.fixed, "split": "test"}
-    selected = run([*agent_arguments({**fixed, **best.point}), f"output_dir={folder / 'test' / 'selected'}"])
-    defaults = run([*agent_arguments(fixed), f"output_dir={folder / 'test' / 'defaults'}"])
+    selected = run([*agent_arguments({**fixed, **best.point}), *sweep.extra, f"output_dir={folder / 'test' / 'selected'}"])
+    defaults = run([*agent_arguments(fixed), *sweep.extra, f"output_dir={folder / 'test' / 'defaults'}"])
     selected_test = metric_value(sweep.metric, [r.summary() for r in selected])
     default_test = metric_value(sweep.metric, [r.summary() for r in defaults])
     default_rows = [r for r in rows if all(_is_default(k, v) for k, v in r.point.items())]
