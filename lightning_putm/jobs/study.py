@@ -311,7 +311,7 @@ def run_study(argv: Sequence[str], log: Callable[[str], None] = print,
               run: Callable[[list[str]], Sequence[Any]] | None = None) -> Path:
     """``python -m lightning_putm study SWEEP.yaml [key=value ...] [--storage URL] [--dir DIR] [--max-runs N]
     [--summary-only]``: run a sweep file as a resumable study and write its summary; returns the study folder."""
-    options, rest = _options(list(argv))
+    options, rest = parse_options(list(argv))
     if not rest:
         raise ConfigError("give a sweep file: python -m lightning_putm study conf/sweep/<name>.yaml [key=value ...]")
     sweep = read_sweep(Path(rest[0]), rest[1:])
@@ -339,7 +339,7 @@ def run_study(argv: Sequence[str], log: Callable[[str], None] = print,
     return folder
 
 
-def _options(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
+def parse_options(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     names = {"--storage": "storage", "--dir": "dir", "--max-runs": "max_runs", "--heartbeat": "heartbeat",
              "--grace": "grace"}
     options: dict[str, Any] = {}
@@ -368,4 +368,5 @@ def _options(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     return options, rest
 
 
-__all__ = ["STUDY_ROOT", "Study", "Sweep", "agent_arguments", "metric_value", "point_key", "read_sweep", "run_study"]
+__all__ = ["STUDY_ROOT", "Study", "Sweep", "agent_arguments", "metric_value", "parse_options", "point_key", "read_sweep",
+           "run_study"]

@@ -19,7 +19,7 @@ import yaml
 
 from lightning_putm.config import load_yaml, split_override
 from lightning_putm.errors import ConfigError
-from lightning_putm.jobs.study import STUDY_ROOT, Study, _options, agent_arguments, metric_value, read_sweep
+from lightning_putm.jobs.study import STUDY_ROOT, Study, agent_arguments, metric_value, parse_options, read_sweep
 from lightning_putm.evaluation.study_summary import write_study_summary
 from lightning_putm.runs import slug
 
@@ -32,7 +32,7 @@ def run_tune(argv: Sequence[str], log: Callable[[str], None] = print,
     args = list(argv)
     test = "--test" in args
     args = [a for a in args if a != "--test"]
-    options, rest = _options(args)
+    options, rest = parse_options(args)
     if not rest:
         raise ConfigError("give a sweep file: python -m lightning_putm tune conf/sweep/<name>.yaml checkpoint=... ")
     sweep = read_sweep(Path(rest[0]), rest[1:])
