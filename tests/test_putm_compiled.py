@@ -273,9 +273,10 @@ def test_cuda_graph_engine_agrees_with_fused_on_cuda(precision):
 def test_cuda_graph_replays_the_eager_inner_loop():
     device = torch.device("cuda")
     settings = PUTMSettings(inner_steps=4, hidden=(16, 8))
-    generators = [torch.Generator().manual_seed(t) for t in range(3)]
     query, prototypes = torch.rand(3, 7, 12, device=device), torch.rand(3, 4, 12, device=device)
-    trainers = [CompiledTrainer(Navigator([12, 16, 8, 1], generators, 1000, device, torch.float32, 0.01, False),
+    # each navigator draws from its own generators: shared ones would give the second different weights
+    trainers = [CompiledTrainer(Navigator([12, 16, 8, 1], [torch.Generator().manual_seed(t) for t in range(3)],
+                                          1000, device, torch.float32, 0.01, False),
                                 settings, torch.float32, compile_step=False, use_graph=graph)
                 for graph in (False, True)]
     for _ in range(3):  # eager warm-up, capture, replay
