@@ -17,7 +17,7 @@
 # Environment: PUTM_REFERENCE (same as the argument), GPU_CHECK_OUT (report folder), GPU_CHECK_WHEELS (a folder
 # of wheels to install first when a needed package is missing; default .whl — see benchmarks/gpu_wheels.sh),
 # GPU_CHECK_STEP_TIMEOUT (seconds per step, default 300), PYTHON (default python3).
-# Python packages needed beyond torch: pytorch-lightning, omegaconf (+ antlr4-python3-runtime for omegaconf < 2.4),
+# Python packages needed beyond torch: pytorch-lightning, omegaconf (+ antlr4-python3-runtime for omegaconf < 2.4), optuna,
 # scikit-learn, matplotlib, timm, tqdm, pyyaml, pytest, hypothesis. wandb is not needed here.
 set -uo pipefail
 
@@ -53,7 +53,7 @@ fi
 # ------------------------------------------------------------------------------------------------ packages
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 WANDB_MODE=offline
-NEEDED="pytorch_lightning omegaconf sklearn matplotlib timm tqdm yaml pytest hypothesis"
+NEEDED="pytorch_lightning omegaconf optuna sklearn matplotlib timm tqdm yaml pytest hypothesis"
 missing() {
     "$PYTHON" - "$@" <<'EOF'
 import importlib.util, sys

@@ -6,7 +6,9 @@
 #
 # Run it where pip can reach PyPI. It fetches, for CPython 3.12 on x86-64 Linux (GPU_WHEELS_PYTHON to change),
 # with --no-deps so nothing the target machine already has is shadowed:
-#   omegaconf (the version installed here, else 2.4.0) and antlr4-python3-runtime when that omegaconf needs it.
+#   omegaconf (the version installed here, else 2.4.0) and antlr4-python3-runtime when that omegaconf needs it;
+#   optuna (studies; tests/test_study.py imports it) with alembic, SQLAlchemy, Mako and colorlog, which the CUDA
+#   images lack (they have numpy, packaging, pyyaml, tqdm, markupsafe, typing-extensions).
 # The rest gpu_check.sh needs beyond torch (pytorch-lightning, scikit-learn, matplotlib, timm, tqdm, pyyaml, pytest,
 # hypothesis) is in the usual CUDA images; gpu_check.sh names anything still missing.
 # On the GPU machine, gpu_check.sh installs the wheels of GPU_CHECK_WHEELS (default .whl) into a temporary folder
@@ -45,6 +47,12 @@ download "omegaconf==$OMEGACONF"
 if requires "$DEST"/omegaconf-"$OMEGACONF"-*.whl | grep -qi '^antlr4-python3-runtime$'; then
     download "antlr4-python3-runtime==$(version_here antlr4-python3-runtime 4.9.3)"
 fi
+
+# optuna and the needs of it (and of alembic and SQLAlchemy) that the CUDA images lack
+for spec in "optuna 5.0.0" "alembic 1.20.1" "sqlalchemy 2.1.9" "mako 1.4.3" "colorlog 6.12.0"; do
+    set -- $spec
+    download "$1==$(version_here "$1" "$2")"
+done
 
 if [[ $WITH_WANDB -eq 1 ]]; then
     # wandb and the needs of it that the CUDA images lack (they have click, protobuf, pyyaml, requests, xxhash)
