@@ -41,8 +41,17 @@ def test_explicit_keys_win_over_the_preset_in_any_order(order):
     assert params["beta"] == 0.7 and params["rho"] == 0.2
 
 
+def test_fast_preset_cuts_the_solver_steps_and_nothing_else():
+    fast, defaults = putm_params("method.putm.preset=fast"), putm_params()
+    assert (fast["em_steps"], fast["inner_steps"]) == (20, 10)
+    assert {k: v for k, v in fast.items() if k not in ("em_steps", "inner_steps")} == \
+        {k: v for k, v in defaults.items() if k not in ("em_steps", "inner_steps")}
+    settings = build_method("putm", fast, shots=1, balanced=False).settings
+    assert (settings.em_steps, settings.inner_steps) == (20, 10)
+
+
 def test_bad_presets_are_one_clear_error():
-    with pytest.raises(ConfigError, match=r"method.putm.preset.*one of paper, reference.*'nope'"):
+    with pytest.raises(ConfigError, match=r"method.putm.preset.*one of fast, paper, reference.*'nope'"):
         putm_params("method.putm.preset=nope")
     with pytest.raises(ConfigError, match=r"method.simpleshot.preset.*no presets.*putm"):
         putm_params("method.simpleshot.preset=paper")
