@@ -81,7 +81,7 @@ def test_every_config_option_is_a_putm_argument_and_reaches_the_settings():
     changed = dict(beta=0.4, inner_steps=3, em_steps=7, lr=0.02, adam_betas=[0.6, 0.9], hidden=[32, 16], init_tasks=9,
                    reinit_navigator=True, prototype_update="mixed", canonical_query_order=False, solver="autograd",
                    precision="bf16", early_stop_tol=0.5, max_chunk_tasks=3, cpu_workers=2, rho=0.3, theta=0.2,
-                   inertia=0.7)
+                   inertia=0.7, support_weight=4.5)
     settings = build_method("putm", changed, shots=1, balanced=False).settings
     for key, value in changed.items():
         assert getattr(settings, key) == (tuple(value) if isinstance(value, list) else value), key
@@ -237,6 +237,34 @@ def test_m_step_uses_the_chosen_navigator_and_inertia(prototype_update, inertia)
     assert torch.equal(records[-1].forward, putm.last_state["forward"])  # the prediction is the final π_f
     order = putm.last_state["query_order"]
     assert torch.equal(probabilities.gather(1, order.unsqueeze(2).expand_as(probabilities)), records[-1].forward)
+
+
+@pytest.mark.parametrize("support_weight", [3.0, 0.5])
+def test_support_weight_scales_the_support_rows_in_the_m_step(support_weight):
+    batch = make_tasks(shots=2)
+    putm, records, _ = run(batch, shots=2, support_weight=support_weight, inertia=0.4, em_steps=3)
+    rows = putm.last_state["rows"]
+    one_hot = batch.one_hot_support()
+    # the prototypes still start at the (unweighted) support class means
+    assert torch.allclose(records[0].prototypes, batch.support_means(rows[:, : batch.num_support]), atol=1e-6)
+    for record in records[:-1]:
+        all_weights = torch.cat([support_weight * one_hot, record.weights], dim=1)
+        estimate = torch.einsum("tin,tid->tnd", all_weights, rows) / all_weights.sum(1).unsqueeze(2)
+        assert torch.allclose(record.updated, record.prototypes + 0.4 * (estimate - record.prototypes), atol=1e-6)
+        plain = torch.cat([one_hot, record.weights], dim=1)
+        unweighted = torch.einsum("tin,tid->tnd", plain, rows) / plain.sum(1).unsqueeze(2)
+        assert not torch.allclose(record.updated, record.prototypes + 0.4 * (unweighted - record.prototypes),
+                                  atol=1e-4)
+
+
+def test_support_weight_one_is_the_reference_bit_for_bit_and_bad_values_are_refused():
+    batch = make_tasks()
+    _, _, default = run(batch)
+    _, _, explicit = run(batch, support_weight=1.0)
+    assert torch.equal(default, explicit)
+    for bad in (0.0, -2.0):
+        with pytest.raises(Exception, match="putm.support_weight must be positive"):
+            PUTM(shots=1, balanced=False, support_weight=bad)
 
 
 def test_prototype_update_weights_on_a_hand_made_case():

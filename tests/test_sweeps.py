@@ -68,6 +68,36 @@ def test_run_summary_metric_is_the_mean_over_the_runs_own_settings():
     assert run_summary_metrics(summaries[:1], "fewshot") == {"fewshot/putm/acc": 60.0}
 
 
+def test_worst_gain_over_simpleshot_is_the_smallest_margin_over_shared_settings():
+    summaries = [Summary("putm", 1, 2.0, 60.0, 1.0), Summary("putm", 5, None, 90.0, 1.0),
+                 Summary("putm", 5, 2.0, 80.0, 1.0),  # no simpleshot result for (5, 2): not compared
+                 Summary("simpleshot", 1, 2.0, 57.5, 1.0), Summary("simpleshot", 5, None, 91.0, 1.0),
+                 Summary("ptmap", 1, 2.0, 50.0, 1.0)]
+    metrics = run_summary_metrics(summaries, "fewshot")
+    assert metrics["fewshot/putm/worst_gain_over_simpleshot"] == -1.0  # min(60 - 57.5, 90 - 91)
+    assert metrics["fewshot/ptmap/worst_gain_over_simpleshot"] == -7.5
+    assert "fewshot/simpleshot/worst_gain_over_simpleshot" not in metrics
+    assert not any("worst_gain" in key for key in run_summary_metrics(summaries[:3], "fewshot"))
+
+
+def test_a_study_can_select_on_the_worst_gain(tmp_path: Path):
+    from lightning_putm.jobs.study import metric_value, read_sweep
+
+    summaries = [Summary("putm", 1, 2.0, 60.0, 1.0), Summary("simpleshot", 1, 2.0, 62.0, 1.0),
+                 Summary("putm", 1, None, 70.0, 1.0), Summary("simpleshot", 1, None, 65.0, 1.0)]
+    assert metric_value("fewshot/putm/worst_gain_over_simpleshot", summaries) == -2.0
+    with pytest.raises(ConfigError, match="worst_gain_over_tim"):
+        metric_value("fewshot/putm/worst_gain_over_tim", summaries)
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump({
+        "program": "evaluate.py", "method": "grid",
+        "metric": {"name": "fewshot/putm/worst_gain_over_simpleshot", "goal": "maximize"},
+        "parameters": {"method.putm.support_weight": {"values": [1, 3]}, "methods": {"value": "[putm,ptmap]"}}}))
+    with pytest.raises(ConfigError, match="needs method simpleshot in `methods`"):
+        read_sweep(sweep)
+    assert read_sweep(sweep, ["methods=[putm,simpleshot]"]).metric == "fewshot/putm/worst_gain_over_simpleshot"
+
+
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_every_grid_point_is_valid_and_logs_the_metric(path: Path, checkpoint: Path):
     spec = yaml.safe_load(path.read_text())
@@ -125,9 +155,16 @@ def test_one_configuration_of_each_sweep_runs_and_logs_the_metric_to_wandb(path:
     settings = settings_from_config(load_evaluate_config(agent_arguments(point)))
     assert len(results) == len(settings.methods) * len(settings.shots) * len(settings.alphas)
     with open(tmp_path / "out" / "results.csv", newline="") as handle:
-        putm = [float(row["accuracy"]) for row in csv.DictReader(handle) if row["method"] == "putm"]
+        rows = list(csv.DictReader(handle))
+    putm = [float(row["accuracy"]) for row in rows if row["method"] == "putm"]
     logged: dict[str, float] = {}
     for row in history(offline_run(tmp_path)):
         logged.update({k: v for k, v in row.items() if isinstance(v, (int, float))})
     metric = spec["metric"]["name"]
-    assert logged[metric] == pytest.approx(sum(putm) / len(putm), abs=1e-3)
+    if metric.endswith("worst_gain_over_simpleshot"):  # PUTM's smallest margin over SimpleShot, setting by setting
+        by_setting = {(r["method"], r["shots"], r["alpha"]): float(r["accuracy"]) for r in rows}
+        expected = min(acc - by_setting[("simpleshot", shots, alpha)]
+                       for (method, shots, alpha), acc in by_setting.items() if method == "putm")
+    else:
+        expected = sum(putm) / len(putm)
+    assert logged[metric] == pytest.approx(expected, abs=1e-3)

@@ -184,7 +184,31 @@ def run_summary_metrics(summaries: Sequence[Summary], prefix: str) -> dict[str, 
     by_method: dict[str, list[float]] = {}
     for summary in summaries:
         by_method.setdefault(summary.method, []).append(summary.accuracy)
-    return {f"{prefix}/{method}/acc": round(sum(values) / len(values), 4) for method, values in by_method.items()}
+    metrics = {f"{prefix}/{method}/acc": round(sum(values) / len(values), 4) for method, values in by_method.items()}
+    if BASELINE in by_method:  # "does it ever lose to nearest class mean?" as one number a sweep can select on
+        for method in by_method:
+            if method != BASELINE:
+                metrics[f"{prefix}/{method}/worst_gain_over_{BASELINE}"] = round(
+                    worst_gain(summaries, method, BASELINE), 4)
+    return metrics
+
+
+#: The baseline every run's ``worst_gain_over_<baseline>`` metric compares with (when the run includes it).
+BASELINE = "simpleshot"
+
+
+def worst_gain(summaries: Sequence[Summary], method: str, other: str) -> float:
+    """``min`` over the (shot, α) settings both methods ran of ``acc(method) − acc(other)``, in points.
+
+    Positive: ``method`` beats ``other`` in every setting; it is the number to maximise when selecting a setting
+    that must never lose to a baseline. Raises ``ValueError`` when the two share no setting.
+    """
+    accuracy = {(s.method, s.shots, s.alpha_label): s.accuracy for s in summaries}
+    gains = [accuracy[(method, shots, alpha)] - value for (name, shots, alpha), value in accuracy.items()
+             if name == other and (method, shots, alpha) in accuracy]
+    if not gains:
+        raise ValueError(f"{method} and {other} share no (shot, alpha) setting")
+    return min(gains)
 
 
 def log_to_wandb(run: Any, summaries: Sequence[Summary], figures: dict[str, Path], prefix: str) -> None:

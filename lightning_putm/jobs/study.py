@@ -36,14 +36,19 @@ import yaml
 from lightning_putm.config import split_override
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
+from lightning_putm.evaluation.report import worst_gain
 from lightning_putm.evaluation.study_summary import StudyRow, write_study_summary
 from lightning_putm.runs import slug
 
 #: Where studies keep their storage, runs and summary: ``<STUDY_ROOT>/<sweep name>/``.
 STUDY_ROOT = Path("outputs/studies")
 METHODS = ("grid", "random", "bayes")
-#: ``fewshot/<method>/acc`` (mean over the run's settings) or ``fewshot/<method>/<k>shot/alpha_<a>/acc``.
-METRIC = re.compile(r"^fewshot/(?P<method>[a-z_]+)(/(?P<shots>\d+)shot/alpha_(?P<alpha>[^/]+))?/acc$")
+#: ``fewshot/<method>/acc`` (mean over the run's settings), ``fewshot/<method>/<k>shot/alpha_<a>/acc``, or
+#: ``fewshot/<method>/worst_gain_over_<other>`` (the run's smallest accuracy margin over ``other``, in points).
+METRIC = re.compile(r"^fewshot/(?P<method>[a-z_]+)(/(?P<shots>\d+)shot/alpha_(?P<alpha>[^/]+))?/acc$"
+                    r"|^fewshot/(?P<gainer>[a-z_]+)/worst_gain_over_(?P<other>[a-z_]+)$")
+METRIC_FORMS = ("fewshot/<method>/acc, fewshot/<method>/<k>shot/alpha_<a>/acc or "
+                "fewshot/<method>/worst_gain_over_<other>")
 #: Arguments the study sets itself for every run.
 STUDY_OWNED = ("output_dir",)
 
@@ -85,8 +90,7 @@ def read_sweep(path: Path, overrides: Sequence[str] = ()) -> Sweep:
     metric = spec.get("metric") or {}
     name = str(metric.get("name", ""))
     if not METRIC.match(name):
-        raise ConfigError(f"{path}: metric.name must be fewshot/<method>/acc or fewshot/<method>/<k>shot/alpha_<a>/acc, "
-                          f"got {name!r}")
+        raise ConfigError(f"{path}: metric.name must be {METRIC_FORMS}, got {name!r}")
     goal = str(metric.get("goal", "maximize"))
     if goal not in ("maximize", "minimize"):
         raise ConfigError(f"{path}: metric.goal must be maximize or minimize, got {goal!r}")
@@ -120,11 +124,13 @@ def read_sweep(path: Path, overrides: Sequence[str] = ()) -> Sweep:
     run_cap = spec.get("run_cap")
     sweep = Sweep(str(spec.get("name") or path.stem), method, name, goal, fixed, swept,
                   None if run_cap is None else int(run_cap), path, tuple(extra))
-    metric_method = METRIC.match(name).group("method")
+    match = METRIC.match(name)
     given = {split_override(t)[0]: split_override(t)[1] for t in extra}
     methods = str(given.get("methods", fixed.get("methods", "")))
-    if ("methods" in fixed or "methods" in given) and metric_method not in methods:
-        raise ConfigError(f"{path}: the metric {name} needs method {metric_method} in `methods` ({methods})")
+    listed = [m.strip(" '\"") for m in methods.strip("[] ").split(",")]
+    for needed in (match.group("method"), match.group("gainer"), match.group("other")):
+        if needed and ("methods" in fixed or "methods" in given) and needed not in listed:
+            raise ConfigError(f"{path}: the metric {name} needs method {needed} in `methods` ({methods})")
     return sweep
 
 
@@ -156,8 +162,14 @@ def point_key(point: dict[str, Any]) -> str:
 
 
 def metric_value(metric: str, summaries: Sequence[Any]) -> float:
-    """The metric of one run from its per-setting summaries: one setting's accuracy or the mean over the run's."""
+    """The metric of one run from its per-setting summaries: one setting's accuracy, the mean over the run's, or
+    the worst margin of one method over another (:func:`~lightning_putm.evaluation.report.worst_gain`)."""
     match = METRIC.match(metric)
+    if match.group("gainer"):
+        try:
+            return float(worst_gain(summaries, match.group("gainer"), match.group("other")))
+        except ValueError as exc:
+            raise ConfigError(f"the run cannot give {metric}: {exc}; check the sweep's methods") from exc
     chosen = [s for s in summaries if s.method == match.group("method")
               and (match.group("shots") is None or (str(s.shots) == match.group("shots")
                                                    and s.alpha_label == match.group("alpha")))]

@@ -106,6 +106,7 @@ class PUTM(FewShotMethod):
         max_chunk_tasks: int | None = None,
         cpu_workers: int | None = None,
         basis: str = "qr",
+        support_weight: float = 1.0,
         memory_budget_mb: float | str = 2048.0,
         show_progress: bool = False,
     ) -> None:
@@ -117,7 +118,7 @@ class PUTM(FewShotMethod):
             reinit_navigator=reinit_navigator, prototype_update=prototype_update,
             canonical_query_order=canonical_query_order, solver=solver, init_draw=init_draw, precision=precision,
             early_stop_tol=early_stop_tol, max_chunk_tasks=max_chunk_tasks, cpu_workers=cpu_workers,
-            basis=basis)
+            basis=basis, support_weight=support_weight)
         self.last_state: dict[str, torch.Tensor] = {}
         #: The precision the last chunk actually ran in (``auto`` resolved for its device).
         self.last_precision: str | None = None
@@ -213,6 +214,8 @@ class PUTM(FewShotMethod):
             x = self.preprocess(tasks)
         one_hot = tasks.one_hot_support()
         prototypes = weighted_class_means(x[:, : tasks.num_support], one_hot)  # support class means
+        if s.support_weight != 1.0:  # M-step weight of a support row against a query's navigator mass
+            one_hot = one_hot * s.support_weight
         initial_prototypes = prototypes.clone()
         generators = [torch.Generator().manual_seed(int(seed)) for seed in tasks.task_seeds.tolist()]
         seeds = tasks.task_seeds.to(x.device) if s.init_draw == "device" else None

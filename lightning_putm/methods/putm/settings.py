@@ -28,6 +28,7 @@ class PUTMSettings:
     rho: float = 0.5
     theta: float = 0.0
     inertia: float = 0.2
+    support_weight: float = 1.0
     inner_steps: int = 30
     em_steps: int = 50
     lr: float = 1e-3
@@ -50,7 +51,7 @@ class PUTMSettings:
 def resolve_settings(*, shots: int, balanced: bool, beta, rho, theta, inertia, inertia_one_shot, inertia_few_shot,
                      inner_steps, em_steps, lr, adam_betas, hidden, init_tasks, reinit_navigator, prototype_update,
                      canonical_query_order, solver, precision, early_stop_tol, max_chunk_tasks,
-                     cpu_workers, init_draw="cpu", basis="qr") -> PUTMSettings:
+                     cpu_workers, init_draw="cpu", basis="qr", support_weight=1.0) -> PUTMSettings:
     """Checked settings; ``rho``/``theta``/``inertia`` of ``None`` take the reference's value for the setting
     (balanced or Dirichlet tasks, 1 shot or more). Raises :class:`ConfigError` on a bad value."""
     for key, value, allowed in (("prototype_update", prototype_update, PROTOTYPE_UPDATES),
@@ -74,6 +75,8 @@ def resolve_settings(*, shots: int, balanced: bool, beta, rho, theta, inertia, i
         raise ConfigError(f"putm.em_steps must be >= 0, got {em_steps}")
     if beta <= 0:
         raise ConfigError(f"putm.beta must be positive, got {beta}")
+    if not float(support_weight) > 0:
+        raise ConfigError(f"putm.support_weight must be positive (1 = the reference code), got {support_weight}")
     if early_stop_tol is not None and float(early_stop_tol) < 0:
         raise ConfigError(f"putm.early_stop_tol must be null (off) or >= 0, got {early_stop_tol}")
     for key, value in (("max_chunk_tasks", max_chunk_tasks), ("cpu_workers", cpu_workers)):
@@ -85,7 +88,7 @@ def resolve_settings(*, shots: int, balanced: bool, beta, rho, theta, inertia, i
                           "use solver=autograd")
     return PUTMSettings(
         beta=float(beta), rho=float(rho), theta=float(theta), inertia=float(inertia),
-        inner_steps=int(inner_steps), em_steps=int(em_steps), lr=float(lr),
+        support_weight=float(support_weight), inner_steps=int(inner_steps), em_steps=int(em_steps), lr=float(lr),
         adam_betas=(float(adam_betas[0]), float(adam_betas[1])), hidden=hidden,
         init_tasks=int(init_tasks), reinit_navigator=bool(reinit_navigator), prototype_update=prototype_update,
         canonical_query_order=bool(canonical_query_order), solver=solver, init_draw=init_draw, precision=precision,

@@ -1,0 +1,69 @@
+"""benchmarks/compare_presets.py: the verdict "never below SimpleShot beyond its CI", the paired gain and the means.
+
+Two run folders in ``evaluate.py``'s real output format (``results.csv`` and ``per_task.csv``) are written by
+hand, so every number the script prints is known in advance.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import compare_presets  # noqa: E402
+
+RESULT_COLUMNS = ["method", "shots", "alpha", "accuracy", "ci95", "tasks"]
+TASK_COLUMNS = ["method", "shots", "alpha", "task", "accuracy"]
+
+
+def write_run(folder: Path, results: list[tuple], per_task: list[tuple]) -> Path:
+    folder.mkdir()
+    with open(folder / "results.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(RESULT_COLUMNS)
+        writer.writerows(results)
+    with open(folder / "per_task.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(TASK_COLUMNS)
+        writer.writerows(per_task)
+    return folder
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> tuple[Path, Path]:
+    base = write_run(tmp_path / "base", [("putm", 1, "2", 70.0, 2.0, 2), ("putm", 1, "balanced", 90.0, 1.0, 2)], [])
+    candidate = write_run(
+        tmp_path / "candidate",
+        [("putm", 1, "2", 74.0, 2.0, 2), ("simpleshot", 1, "2", 75.0, 1.5, 2),
+         ("putm", 1, "balanced", 80.0, 1.0, 2), ("simpleshot", 1, "balanced", 82.0, 1.0, 2)],
+        [("putm", 1, "2", 0, 0.8), ("putm", 1, "2", 1, 0.6), ("simpleshot", 1, "2", 0, 0.7),
+         ("simpleshot", 1, "2", 1, 0.8), ("putm", 1, "balanced", 0, 0.8), ("simpleshot", 1, "balanced", 0, 0.8)])
+    return base, candidate
+
+
+def test_verdict_paired_gain_and_means(runs):
+    base, candidate = runs
+    lines, summary = compare_presets.compare("toy", base, candidate)
+    # 74 >= 75 - 1.5 holds; 80 >= 82 - 1 does not
+    assert summary["failures"] == ["1-shot α=balanced"]
+    assert summary["means"] == (80.0, 77.0)
+    gains = compare_presets.paired_gain(candidate, "putm", "simpleshot")
+    assert gains[("1", "2")][0] == pytest.approx(((80 - 70) + (60 - 80)) / 2)  # task by task, in points
+    assert gains[("1", "balanced")] == (0.0, 0.0)
+    text = "\n".join(lines)
+    assert "| 1 | 2 | 75.00 ± 1.50 | 70.00 ± 2.00 | **74.00** ± 2.00 | -5.00 ±" in text
+    assert "base 80.00, candidate 77.00 (-3.00 points)" in text and "1-shot α=balanced" in text
+
+
+def test_figure_is_written(runs, tmp_path: Path):
+    _, summary = compare_presets.compare("toy", *runs)
+    compare_presets.figure([summary], tmp_path / "fig.png")
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+
+
+def test_a_folder_without_results_is_a_clear_error(tmp_path: Path):
+    with pytest.raises(SystemExit, match="results.csv: not found"):
+        compare_presets.read_results(tmp_path)
