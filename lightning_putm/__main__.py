@@ -44,10 +44,12 @@ Run the same command in more processes or on more machines (same storage) to sha
             """Select hyper-parameters on validation classes (never the test classes) and write selected.yaml.
 
     python -m lightning_putm tune SWEEP.yaml checkpoint=CKPT [key=value ...] [--dir DIR] [--test] [--storage URL]
+                                [--prefer KEY=max|min]
   Runs the sweep's points as a study on the checkpoint's validation split (default folder outputs/tune/<sweep>),
   writes <dir>/selected.yaml (the best run's config, switched to split=test) for
   `python evaluate.py config=<dir>/selected.yaml`; --test also evaluates the selected setting and the defaults on
-  the test split and writes <dir>/selection.md."""
+  the test split and writes <dir>/selection.md. Points whose metric ties with the best (within 0.005) are listed;
+  --prefer KEY=max|min picks among them by a swept key (e.g. the more conservative value)."""
             run_tune(argv)
 
         return run_cli(tune, rest)

@@ -50,8 +50,17 @@ def test_fast_preset_cuts_the_solver_steps_and_nothing_else():
     assert (settings.em_steps, settings.inner_steps) == (20, 10)
 
 
+def test_recommended_preset_is_fast_with_heavier_support_rows_and_reaches_the_m_step():
+    recommended, fast = putm_params("method.putm.preset=recommended"), putm_params("method.putm.preset=fast")
+    assert recommended["support_weight"] == 10.0 and fast["support_weight"] == 1.0
+    assert {k: v for k, v in recommended.items() if k != "support_weight"} == \
+        {k: v for k, v in fast.items() if k != "support_weight"}
+    settings = build_method("putm", recommended, shots=1, balanced=True).settings
+    assert (settings.support_weight, settings.em_steps, settings.inner_steps) == (10.0, 20, 10)
+
+
 def test_bad_presets_are_one_clear_error():
-    with pytest.raises(ConfigError, match=r"method.putm.preset.*one of fast, paper, reference.*'nope'"):
+    with pytest.raises(ConfigError, match=r"method.putm.preset.*one of fast, paper, recommended, reference.*'nope'"):
         putm_params("method.putm.preset=nope")
     with pytest.raises(ConfigError, match=r"method.simpleshot.preset.*no presets.*putm"):
         putm_params("method.simpleshot.preset=paper")
@@ -59,7 +68,7 @@ def test_bad_presets_are_one_clear_error():
 
 def test_every_shipped_preset_builds_and_names_only_known_keys():
     defaults = yaml.safe_load((conf_dir() / "method" / "putm.yaml").read_text())
-    assert {"reference", "paper"} <= set(preset_options("putm"))
+    assert {"reference", "paper", "fast", "recommended"} <= set(preset_options("putm"))
     for preset in preset_options("putm"):
         values = yaml.safe_load((conf_dir() / "method" / "presets" / "putm" / f"{preset}.yaml").read_text()) or {}
         assert set(values) <= set(defaults) - {"preset"}, preset

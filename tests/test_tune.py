@@ -62,3 +62,44 @@ def test_tune_refuses_the_test_split_and_needs_a_checkpoint(tmp_path, tiny_check
     with pytest.raises(ConfigError, match=message):
         run_tune(args, log=lambda _: None)
     assert not (tmp_path / "t").exists()
+
+
+class Row:
+    def __init__(self, weight: float, metric: float) -> None:
+        self.point, self.metric = {"method.putm.support_weight": weight}, metric
+
+
+def test_ties_are_listed_and_prefer_chooses_among_them():
+    from lightning_putm.jobs.tune import select_best
+
+    rows = [Row(1, -1.5), Row(2, 0.1467), Row(5, 0.1467), Row(10, 0.1433), Row(20, 0.1333)]
+    best, tied = select_best(rows, "maximize")
+    assert best is rows[1] and tied == rows[1:4]  # 0.1433 is within 0.005 of the best, 0.1333 is not
+    assert select_best(rows, "maximize", ("method.putm.support_weight", "max"))[0] is rows[3]
+    assert select_best(rows, "maximize", ("method.putm.support_weight", "min"))[0] is rows[1]
+    best, tied = select_best([Row(1, 3.0), Row(2, 1.0), Row(3, 1.004)], "minimize", ("method.putm.support_weight", "max"))
+    assert best.point["method.putm.support_weight"] == 3 and len(tied) == 2
+
+
+def test_prefer_is_checked_before_anything_runs(tmp_path, tiny_checkpoint):
+    base = [str(sweep_file(tmp_path)), f"checkpoint={tiny_checkpoint}", "--dir", str(tmp_path / "t")]
+    with pytest.raises(ConfigError, match="--prefer takes KEY=max or KEY=min"):
+        run_tune([*base, "--prefer", "method.putm.beta=up"], log=lambda _: None)
+    with pytest.raises(ConfigError, match="not a swept parameter.*method.putm.beta"):
+        run_tune([*base, "--prefer=method.putm.rho=max"], log=lambda _: None)
+    assert not (tmp_path / "t").exists()
+
+
+@pytest.mark.parametrize("direction,expected", [("max", 3), ("min", 1)])
+def test_prefer_decides_among_tied_points(tmp_path, tiny_checkpoint, single_thread, direction, expected):
+    # the chunk size never changes PUTM's results, so the two points tie exactly
+    parameters = {k: v for k, v in SWEEP["parameters"].items() if k != "method.putm.beta"}
+    spec = {**SWEEP, "parameters": {**parameters, "method.putm.max_chunk_tasks": {"values": [1, 3]}}}
+    logs: list[str] = []
+    folder = run_tune([str(sweep_file(tmp_path, spec)), f"checkpoint={tiny_checkpoint}", "--dir", str(tmp_path / "t"),
+                       f"--prefer=method.putm.max_chunk_tasks={direction}", f"feature_cache_dir={tmp_path / 'cache'}"],
+                      log=logs.append)
+    selected = yaml.safe_load((folder / "selected.yaml").read_text())
+    assert selected["method"]["putm"]["max_chunk_tasks"] == expected
+    assert any("2 points tie on validation" in line for line in logs)
+    assert f"--prefer method.putm.max_chunk_tasks={direction}" in (folder / "selected.yaml").read_text()

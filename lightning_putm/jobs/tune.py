@@ -28,14 +28,19 @@ TUNE_ROOT = STUDY_ROOT.parent / "tune"
 
 def run_tune(argv: Sequence[str], log: Callable[[str], None] = print,
              run: Callable[[list[str]], Sequence[Any]] | None = None) -> Path:
-    """``python -m lightning_putm tune SWEEP.yaml checkpoint=CKPT [key=value ...] [--dir DIR] [--test]``."""
+    """``python -m lightning_putm tune SWEEP.yaml checkpoint=CKPT [key=value ...] [--dir DIR] [--test]
+    [--prefer KEY=max|min]``."""
     args = list(argv)
     test = "--test" in args
     args = [a for a in args if a != "--test"]
+    args, prefer = _take_prefer(args)
     options, rest = parse_options(args)
     if not rest:
         raise ConfigError("give a sweep file: python -m lightning_putm tune conf/sweep/<name>.yaml checkpoint=... ")
     sweep = read_sweep(Path(rest[0]), rest[1:])
+    if prefer is not None and prefer[0] not in sweep.swept:
+        raise ConfigError(f"--prefer {prefer[0]}: not a swept parameter of {sweep.name} "
+                          f"(swept: {', '.join(sweep.swept)})")
     given = dict(split_override(t) for t in sweep.extra)  # command-line arguments, as typed
     split = str(given.get("split", sweep.fixed.get("split", "val")))
     if split != "val":
@@ -62,7 +67,11 @@ def run_tune(argv: Sequence[str], log: Callable[[str], None] = print,
     write_study_summary(rows, sweep.metric, sweep.goal, list(sweep.swept), folder, f"{sweep.name} (validation)")
     if not rows:
         raise ConfigError(f"no run of {sweep.name} finished; nothing to select")
-    best = (max if sweep.goal == "maximize" else min)(rows, key=lambda r: r.metric)
+    best, tied = select_best(rows, sweep.goal, prefer)
+    if len(tied) > 1:
+        log(f"tune {sweep.name}: {len(tied)} points tie on validation (within {TIE} of the best): "
+            + "; ".join(str(r.point) for r in tied)
+            + ("" if prefer else "; the first is taken, --prefer KEY=max|min chooses among them"))
     selected = load_yaml(Path(best.output_dir) / "config.yaml")
     for key in ("provenance",):
         selected.pop(key, None)
@@ -72,8 +81,10 @@ def run_tune(argv: Sequence[str], log: Callable[[str], None] = print,
     tmp = target.with_name(".selected.yaml.tmp")
     from omegaconf import OmegaConf
 
+    tie_note = (f"; {len(tied)} points tied, " + (f"--prefer {prefer[0]}={prefer[1]}" if prefer else "the first taken")
+                if len(tied) > 1 else "")
     tmp.write_text(f"# selected on validation episodes by `python -m lightning_putm tune {rest[0]}`: "
-                   f"{best.point} ({sweep.metric} = {best.metric:.2f} on val)\n" + OmegaConf.to_yaml(selected))
+                   f"{best.point} ({sweep.metric} = {best.metric:.2f} on val{tie_note})\n" + OmegaConf.to_yaml(selected))
     tmp.replace(target)
     log(f"tune {sweep.name}: selected {best.point} ({sweep.metric} {best.metric:.2f} on validation); "
         f"evaluate it with: python evaluate.py config={target}")
@@ -82,6 +93,50 @@ def run_tune(argv: Sequence[str], log: Callable[[str], None] = print,
         (folder / "selection.md").write_text("\n".join(lines) + "\n")
         log("\n".join(lines))
     return folder
+
+
+#: Metrics closer than this to the best count as a tie (they print the same at two decimals).
+TIE = 0.005
+
+
+def select_best(rows: Sequence[Any], goal: str, prefer: tuple[str, str] | None = None) -> tuple[Any, list[Any]]:
+    """The best row and the rows that tie with it (within :data:`TIE`), best first.
+
+    Without ``prefer`` the best is the row with the best metric (the first of equals). With ``prefer=(key, "max")``
+    (or ``"min"``) it is the tied row with the largest (smallest) value of that swept key: when validation cannot
+    tell points apart, the user says which way to lean (e.g. the more conservative value).
+    """
+    sign = 1.0 if goal == "maximize" else -1.0
+    exact = max(rows, key=lambda r: sign * r.metric)
+    tied = [exact, *(r for r in rows if r is not exact and sign * r.metric >= sign * exact.metric - TIE)]
+    if prefer is None:
+        return exact, tied
+    key, direction = prefer
+    pick = max if direction == "max" else min
+    return pick(tied, key=lambda r: float(r.point[key])), tied
+
+
+def _take_prefer(args: list[str]) -> tuple[list[str], tuple[str, str] | None]:
+    """``--prefer KEY=max|min`` (or ``--prefer=KEY=max``) out of the arguments, checked."""
+    rest: list[str] = []
+    value = None
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--prefer" or arg.startswith("--prefer="):
+            value = arg.partition("=")[2] if arg.startswith("--prefer=") else (
+                args[index + 1] if index + 1 < len(args) else "")
+            index += 1 if arg.startswith("--prefer=") else 2
+            continue
+        rest.append(arg)
+        index += 1
+    if value is None:
+        return rest, None
+    key, _, direction = value.rpartition("=")
+    if not key or direction not in ("max", "min"):
+        raise ConfigError(f"--prefer takes KEY=max or KEY=min (e.g. --prefer method.putm.support_weight=max), "
+                          f"got {value!r}")
+    return rest, (key, direction)
 
 
 def _test_report(sweep: Any, best: Any, rows: Sequence[Any], folder: Path,
