@@ -89,6 +89,29 @@ def compare(name: str, base_dir: Path, candidate_dir: Path) -> tuple[list[str], 
     return lines, summary
 
 
+def compact(summary: dict) -> list[str]:
+    """One row per α, SimpleShot / base / candidate per shot count; ✗ marks a candidate below SimpleShot − CI."""
+    shots_values = sorted({s for s, _ in summary["settings"]}, key=int)
+    alphas = sorted({a for _, a in summary["settings"]}, key=alpha_order)
+    head = "| α | " + " | ".join(f"{k}-shot SimpleShot | {k}-shot base | {k}-shot candidate" for k in shots_values) + " |"
+    lines = [f"### {summary['name']}", "", head, "|---" * (1 + 3 * len(shots_values)) + "|"]
+    for alpha in alphas:
+        cells = []
+        for shots in shots_values:
+            ss = summary["candidate"].get((BASELINE, shots, alpha)) or summary["base"].get((BASELINE, shots, alpha))
+            ref = summary["base"].get(("putm", shots, alpha))
+            new = summary["candidate"].get(("putm", shots, alpha))
+            fail = f"{shots}-shot α={alpha}" in summary["failures"]
+            cells += ["—" if ss is None else f"{ss[0]:.2f} ± {ss[1]:.2f}", "—" if ref is None else f"{ref[0]:.2f}",
+                      "—" if new is None else f"**{new[0]:.2f}**" + (" ✗" if fail else "")]
+        lines.append(f"| {alpha} | " + " | ".join(cells) + " |")
+    if "means" in summary:
+        base_mean, cand_mean = summary["means"]
+        lines += ["", f"Mean over the settings: base {base_mean:.2f}, candidate {cand_mean:.2f} "
+                      f"({cand_mean - base_mean:+.2f} points)."]
+    return lines
+
+
 def figure(summaries: list[dict], path: Path, base_label: str = "PUTM reference",
            candidate_label: str = "PUTM recommended") -> None:
     import matplotlib
@@ -132,13 +155,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", nargs=3, action="append", required=True, metavar=("NAME", "BASE_DIR", "CANDIDATE_DIR"))
     parser.add_argument("--figure", type=Path, help="write the accuracy-vs-α figure here (PNG)")
+    parser.add_argument("--compact", action="store_true", help="one row per α (for docs) instead of per setting")
     parser.add_argument("--base-label", default="PUTM reference")
     parser.add_argument("--candidate-label", default="PUTM recommended")
     args = parser.parse_args()
     summaries = []
     for name, base_dir, candidate_dir in args.set:
         lines, summary = compare(name, Path(base_dir), Path(candidate_dir))
-        print("\n".join(lines) + "\n")
+        print("\n".join(compact(summary) if args.compact else lines) + "\n")
         summaries.append(summary)
     if args.figure:
         figure(summaries, args.figure, args.base_label, args.candidate_label)

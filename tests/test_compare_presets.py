@@ -58,6 +58,13 @@ def test_verdict_paired_gain_and_means(runs):
     assert "base 80.00, candidate 77.00 (-3.00 points)" in text and "1-shot α=balanced" in text
 
 
+def test_compact_table_marks_the_failing_setting(runs):
+    _, summary = compare_presets.compare("toy", *runs)
+    lines = compare_presets.compact(summary)
+    assert "| 2 | 75.00 ± 1.50 | 70.00 | **74.00** |" in lines
+    assert "| balanced | 82.00 ± 1.00 | 90.00 | **80.00** ✗ |" in lines
+
+
 def test_figure_is_written(runs, tmp_path: Path):
     _, summary = compare_presets.compare("toy", *runs)
     compare_presets.figure([summary], tmp_path / "fig.png")
