@@ -1,4 +1,5 @@
-"""benchmarks/compare_presets.py: the verdict "never below SimpleShot beyond its CI", the paired gain and the means.
+"""benchmarks/compare_presets.py and combine_tunes.py: the verdict "never below SimpleShot beyond its CI", the
+paired gain, the means, and one selection from several validation sets.
 
 Two run folders in ``evaluate.py``'s real output format (``results.csv`` and ``per_task.csv``) are written by
 hand, so every number the script prints is known in advance.
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import combine_tunes  # noqa: E402
 import compare_presets  # noqa: E402
 
 RESULT_COLUMNS = ["method", "shots", "alpha", "accuracy", "ci95", "tasks"]
@@ -74,3 +76,33 @@ def test_figure_is_written(runs, tmp_path: Path):
 def test_a_folder_without_results_is_a_clear_error(tmp_path: Path):
     with pytest.raises(SystemExit, match="results.csv: not found"):
         compare_presets.read_results(tmp_path)
+
+
+# ------------------------------------------------------------------ benchmarks/combine_tunes.py
+
+def write_summary(folder: Path, rows: list[tuple]) -> Path:
+    folder.mkdir()
+    with open(folder / "summary.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["method.putm.support_weight", "method.putm.beta", "fewshot/putm/worst_gain_over_simpleshot",
+                         "putm/1shot/alpha_2", "output_dir"])
+        writer.writerows(rows)
+    return folder
+
+
+def test_combine_takes_the_worst_validation_set_then_the_best_point(tmp_path: Path):
+    strong = write_summary(tmp_path / "strong", [(1, 0.6, -1.5, "", ""), (5, 0.6, 0.2, "", ""), (5, 1.0, 0.1, "", "")])
+    weak = write_summary(tmp_path / "weak", [(1, 0.6, -8.0, "", ""), (5, 0.6, -6.0, "", ""), (5, 1.0, -2.0, "", "")])
+    lines, best, tied = combine_tunes.combine([strong, weak])
+    assert best.point == {"method.putm.support_weight": "5", "method.putm.beta": "1.0"} and best.metric == -2.0
+    assert tied == [best]
+    assert any(line.startswith("| 5 | 1.0 | +0.10 | -2.00 | **-2.00** (selected)") for line in lines)
+
+
+def test_combine_breaks_ties_with_prefer(tmp_path: Path):
+    a = write_summary(tmp_path / "a", [(2, 0.6, 0.15, "", ""), (10, 0.6, 0.15, "", "")])
+    b = write_summary(tmp_path / "b", [(2, 0.6, 0.5, "", ""), (10, 0.6, 0.4, "", "")])
+    _, best, tied = combine_tunes.combine([a, b], prefer=("method.putm.support_weight", "max"))
+    assert best.point["method.putm.support_weight"] == "10" and len(tied) == 2
+    _, best, _ = combine_tunes.combine([a, b], prefer=("method.putm.support_weight", "min"))
+    assert best.point["method.putm.support_weight"] == "2"
