@@ -50,14 +50,13 @@ def test_fast_preset_cuts_the_solver_steps_and_nothing_else():
     assert (settings.em_steps, settings.inner_steps) == (20, 10)
 
 
-def test_recommended_preset_is_fast_without_power_transform_and_heavier_support_rows():
+def test_recommended_preset_is_fast_with_heavier_support_rows_and_reaches_the_m_step():
     recommended, fast = putm_params("method.putm.preset=recommended"), putm_params("method.putm.preset=fast")
-    assert (recommended["support_weight"], recommended["beta"]) == (5.0, 1.0)
-    assert (fast["support_weight"], fast["beta"]) == (1.0, 0.6)
-    assert {k: v for k, v in recommended.items() if k not in ("support_weight", "beta")} == \
-        {k: v for k, v in fast.items() if k not in ("support_weight", "beta")}
+    assert recommended["support_weight"] == 10.0 and fast["support_weight"] == 1.0
+    assert {k: v for k, v in recommended.items() if k != "support_weight"} == \
+        {k: v for k, v in fast.items() if k != "support_weight"}
     settings = build_method("putm", recommended, shots=1, balanced=True).settings
-    assert (settings.support_weight, settings.beta, settings.em_steps, settings.inner_steps) == (5.0, 1.0, 20, 10)
+    assert (settings.support_weight, settings.em_steps, settings.inner_steps) == (10.0, 20, 10)
 
 
 def test_bad_presets_are_one_clear_error():
