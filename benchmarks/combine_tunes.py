@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_putm.jobs.tune import select_best  # noqa: E402
+from lightning_putm.jobs.tune import select_best
 
 
 class Row:
