@@ -175,6 +175,10 @@ def log_to_loggers(loggers: Iterable[Any], summaries: Sequence[Summary], figures
             log_to_wandb(logger.experiment, summaries, figures, prefix)
 
 
+#: The baseline every run's ``worst_gain_over_<baseline>`` metric compares with (when the run includes it).
+BASELINE = "simpleshot"
+
+
 def run_summary_metrics(summaries: Sequence[Summary], prefix: str) -> dict[str, float]:
     """``<prefix>/<method>/acc``: each method's mean accuracy over this run's own (shot, α) settings.
 
@@ -191,10 +195,6 @@ def run_summary_metrics(summaries: Sequence[Summary], prefix: str) -> dict[str, 
                 metrics[f"{prefix}/{method}/worst_gain_over_{BASELINE}"] = round(
                     worst_gain(summaries, method, BASELINE), 4)
     return metrics
-
-
-#: The baseline every run's ``worst_gain_over_<baseline>`` metric compares with (when the run includes it).
-BASELINE = "simpleshot"
 
 
 def worst_gain(summaries: Sequence[Summary], method: str, other: str) -> float:
