@@ -1,0 +1,104 @@
+"""How far can PUTM's navigator be trusted? Its accuracy against its own confidence, per (shot, α).
+
+A support weight that adapts to the navigator (trust the queries' mass when the navigator is sure, keep the
+prototypes at the support when it is not) needs a confidence that tracks accuracy. This script prints, for a
+PUTM preset on one feature set, the accuracy of the final forward navigator π_f and its mean confidence (the
+largest class probability of each query, averaged over queries and tasks); a confidence far above the accuracy
+means the navigator is sure and wrong, and cannot gate anything.
+
+    python benchmarks/navigator_confidence.py --features demo --preset recommended
+    python benchmarks/navigator_confidence.py --features outputs/feature_cache/<file>.pt --queries 15
+
+``--features`` is ``demo`` (the built-in digits pixels) or a feature file in the format ``evaluate.py`` reads
+(for example a file of its feature cache, which holds a checkpoint's test features).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lightning_putm.data.digits import digits_feature_set  # noqa: E402
+from lightning_putm.data.episodes import sample_episode_bank  # noqa: E402
+from lightning_putm.features import FeatureSet, load_features  # noqa: E402
+from lightning_putm.methods.putm import PUTM  # noqa: E402
+
+PRESETS = ROOT / "conf" / "method" / "presets" / "putm"
+
+
+def confidence_stats(probabilities: torch.Tensor, query_labels: torch.Tensor) -> tuple[float, float]:
+    """``(accuracy %, mean confidence %)`` over all queries of ``[T, Q, N]`` probabilities (rows renormalised)."""
+    rows = probabilities / probabilities.sum(dim=2, keepdim=True)
+    accuracy = (rows.argmax(dim=2) == query_labels).double().mean()
+    confidence = rows.amax(dim=2).double().mean()
+    return 100 * float(accuracy), 100 * float(confidence)
+
+
+def preset_options(name: str, overrides: list[str]) -> dict:
+    """PUTM keyword arguments of a preset (its YAML file), then ``key=value`` overrides (numbers parsed)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    if name == "reference":
+        options: dict = {}
+    else:
+        path = PRESETS / f"{name}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in PRESETS.glob("*.yaml"))
+            raise SystemExit(f"--preset {name!r}: no {path.relative_to(ROOT)}; presets: {', '.join(known)}")
+        options = dict(OmegaConf.to_container(OmegaConf.load(path)))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set takes KEY=VALUE (e.g. --set support_weight=20), got {item!r}")
+        options[key] = yaml.safe_load(value)  # 20 -> int, 0.5 -> float, true -> bool
+    return options
+
+
+def load_feature_set(source: str) -> FeatureSet:
+    return digits_feature_set() if source == "demo" else load_features(source)
+
+
+def measure(feature_set: FeatureSet, options: dict, shots: int, alpha: float | None, queries: int, tasks: int,
+            seed: int = 0) -> tuple[float, float]:
+    """Accuracy and confidence of PUTM on ``tasks`` 5-way episodes drawn as ``evaluate.py`` draws them."""
+    bank = sample_episode_bank(feature_set.labels, 5, shots, queries, alpha, tasks, seed=seed)
+    gathered = bank.gather(feature_set.features)
+    solver = PUTM(shots=shots, balanced=alpha is None, **options)
+    return confidence_stats(solver.predict(gathered.batch), gathered.query_labels)
+
+
+def main(argv: list[str] | None = None) -> list[tuple]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--features", default="demo", help="'demo' (digits pixels) or a feature file")
+    parser.add_argument("--preset", default="reference", help="a PUTM preset: reference, fast, recommended, ...")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a PUTM option on top")
+    parser.add_argument("--shots", type=int, nargs="+", default=[1, 5])
+    parser.add_argument("--alphas", nargs="+", default=["0.5", "2", "balanced"])
+    parser.add_argument("--queries", type=int, default=75)
+    parser.add_argument("--tasks", type=int, default=200)
+    args = parser.parse_args(argv)
+    feature_set = load_feature_set(args.features)
+    options = preset_options(args.preset, args.set)
+    rows = []
+    print(f"PUTM preset {args.preset} {options or ''} on {args.features}, {args.tasks} tasks per setting")
+    print("| shots | α | accuracy (%) | mean confidence (%) | confidence − accuracy |")
+    print("|---|---|---|---|---|")
+    for shots in args.shots:
+        for alpha in args.alphas:
+            value = None if alpha == "balanced" else float(alpha)
+            accuracy, confidence = measure(feature_set, options, shots, value, args.queries, args.tasks)
+            rows.append((shots, alpha, accuracy, confidence))
+            print(f"| {shots} | {alpha} | {accuracy:.2f} | {confidence:.2f} | {confidence - accuracy:+.2f} |",
+                  flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
