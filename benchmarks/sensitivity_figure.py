@@ -5,7 +5,9 @@ Each feature set is a folder of run folders (``--set NAME FOLDER``): one named `
 and others that each change one PUTM hyper-parameter from it. Which one, and to what, is read from each run's
 ``config.yaml``, resolved per shot count as PUTM resolves it (``rho``/``inertia`` of ``null`` take the reference
 code's value for the setting), so a run of ``method.putm.inertia=0.1`` counts as a change at 1 shot and as the
-reference at 5 shots (where 0.1 is the default). A run that changes several values at once is refused.
+reference at 5 shots (where 0.1 is the default). A run that changes several values at once is refused. All runs
+of a set must draw the same episodes (same features, tasks and seed): each value is also reported as its paired
+difference from the reference over the same tasks (``per_task.csv``), whose CI is far narrower than the runs' own.
 
     for v in 0.4 0.5 0.7 0.8; do python evaluate.py features=demo tasks=100 'shots=[1,5]' 'alphas=[2]' \\
         'methods=[putm,simpleshot]' method.putm.beta=$v output_dir=outputs/studies/sensitivity-pixels/beta$v; done
@@ -42,6 +44,33 @@ def read_results(folder: Path) -> dict[tuple[str, str, str], tuple[float, float]
                 for r in csv.DictReader(handle)}
 
 
+def read_tasks(folder: Path, method: str = "putm") -> dict[tuple[str, str, str], tuple[float, tuple]]:
+    """``{(shots, alpha, task): (accuracy in points, the episode's classes and query counts)}`` of ``method`` in
+    a run folder's ``per_task.csv``."""
+    path = folder / "per_task.csv"
+    if not path.is_file():
+        raise SystemExit(f"{path}: not found; give folders of finished evaluate.py runs")
+    with open(path, newline="") as handle:
+        return {(r["shots"], r["alpha"], r["task"]): (100 * float(r["accuracy"]),
+                                                       (r.get("class_ids"), r.get("query_counts")))
+                for r in csv.DictReader(handle) if r["method"] == method}
+
+
+def paired_difference(run: dict, reference: dict, setting: Setting, name: str = "run") -> tuple[float, float]:
+    """Mean and 95% CI of ``run − reference`` over the tasks both solved in ``setting`` (the same episodes)."""
+    keys = [key for key in run if key[:2] == setting and key in reference]
+    if not keys:
+        raise SystemExit(f"{name}: no tasks in common with the reference in setting {setting}; "
+                         "make every run of a set with the same tasks and seed")
+    if any(run[key][1] != reference[key][1] for key in keys):
+        raise SystemExit(f"{name}: its episodes differ from the reference's (classes or query counts) in setting "
+                         f"{setting}; make every run of a set with the same features, tasks and seed")
+    diffs = [run[key][0] - reference[key][0] for key in keys]
+    mean = sum(diffs) / len(diffs)
+    var = sum((d - mean) ** 2 for d in diffs) / max(1, len(diffs) - 1)
+    return mean, 1.96 * math.sqrt(var / len(diffs))
+
+
 def resolved_values(folder: Path, shots: int) -> dict[str, float]:
     """β, ρ and the inertia PUTM ran with at ``shots`` on Dirichlet tasks, from the run's ``config.yaml``."""
     from omegaconf import OmegaConf
@@ -65,7 +94,8 @@ def changes(reference: Path, run: Path, shots: int) -> list[tuple[str, float]]:
 
 def collect(folder: Path, reference_name: str = "reference") -> tuple[dict, dict, dict]:
     """``(reference values per shot, {setting: {method: (acc, ci)}} of the reference,
-    {(parameter, setting): [(value, PUTM accuracy)]} of the other runs)``."""
+    {(parameter, setting): [(value, PUTM accuracy, paired Δ, its CI)]} of the other runs)``, sorted by value;
+    Δ is the run's accuracy minus the reference's, task by task on the same episodes."""
     reference = folder / reference_name
     if not reference.is_dir():
         raise SystemExit(f"{reference}: not found; the set folder needs a run named {reference_name!r} "
@@ -75,12 +105,13 @@ def collect(folder: Path, reference_name: str = "reference") -> tuple[dict, dict
     base = {s: {m: base_results[(m, *s)] for m in ("putm", "simpleshot") if (m, *s) in base_results}
             for s in settings}
     defaults = {shots: resolved_values(reference, int(shots)) for shots, _ in settings}
-    curves: dict[tuple[str, Setting], list[tuple[float, float]]] = defaultdict(list)
+    base_tasks = read_tasks(reference)
+    curves: dict[tuple[str, Setting], list[tuple[float, float, float, float]]] = defaultdict(list)
     for run in sorted(p for p in folder.iterdir() if p.is_dir() and p.name != reference_name):
         if not (run / "results.csv").is_file():
             print(f"warning: {run} has no results.csv (not finished?); left out", file=sys.stderr)
             continue
-        results = read_results(run)
+        results, tasks = read_results(run), read_tasks(run)
         for setting in settings:
             changed = changes(reference, run, int(setting[0]))
             if len(changed) > 1:
@@ -88,15 +119,17 @@ def collect(folder: Path, reference_name: str = "reference") -> tuple[dict, dict
                                  "changes one of β, ρ, inertia from the reference")
             if changed and ("putm", *setting) in results:
                 name, value = changed[0]
-                curves[(name, setting)].append((value, results[("putm", *setting)][0]))
+                curves[(name, setting)].append((value, results[("putm", *setting)][0],
+                                                *paired_difference(tasks, base_tasks, setting, str(run))))
     for (name, setting), points in curves.items():
-        points.append((defaults[setting[0]][name], base[setting]["putm"][0]))
+        points.append((defaults[setting[0]][name], base[setting]["putm"][0], 0.0, 0.0))
         points.sort()
     return defaults, base, dict(curves)
 
 
 def markdown(name: str, defaults: dict, base: dict, curves: dict) -> str:
-    """One table per feature set: a row per changed value, a column per setting, the reference in bold."""
+    """One table per feature set: a row per changed value, a column per setting (accuracy, then the paired
+    difference from the reference ± its 95% CI), the reference in bold."""
     settings = list(base)
     head = [f"{s}-shot α={a}" for s, a in settings]
     lines = [f"#### {name}", "", "| value | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
@@ -105,7 +138,7 @@ def markdown(name: str, defaults: dict, base: dict, curves: dict) -> str:
                       for p in PARAMETERS)
     lines.append(f"| `reference` ({shown}) | " + " | ".join(ref) + " |")
     for parameter in PARAMETERS:
-        values = sorted({v for (p, s), pts in curves.items() if p == parameter for v, _ in pts})
+        values = sorted({pt[0] for (p, s), pts in curves.items() if p == parameter for pt in pts})
         for value in values:
             if all(math.isclose(value, defaults[s[0]][parameter]) for s in settings):
                 continue  # the reference row
@@ -114,8 +147,8 @@ def markdown(name: str, defaults: dict, base: dict, curves: dict) -> str:
                 if math.isclose(value, defaults[s[0]][parameter]):
                     cells.append("(reference)")
                     continue
-                hit = [acc for v, acc in curves.get((parameter, s), []) if math.isclose(v, value)]
-                cells.append(f"{hit[0]:.2f}" if hit else "–")
+                hit = [p for p in curves.get((parameter, s), []) if math.isclose(p[0], value)]
+                cells.append(f"{hit[0][1]:.2f} ({hit[0][2]:+.2f} ± {hit[0][3]:.2f})" if hit else "–")
             lines.append(f"| {parameter} {value:g} | " + " | ".join(cells) + " |")
     if all("simpleshot" in base[s] for s in settings):
         lines.append("| SimpleShot | " + " | ".join(
@@ -124,7 +157,8 @@ def markdown(name: str, defaults: dict, base: dict, curves: dict) -> str:
 
 
 def draw(sets: list[tuple[str, dict, dict, dict]], path: Path) -> None:
-    """A panel per (setting, parameter): PUTM's accuracy minus the reference's, one line per feature set."""
+    """A panel per (setting, parameter): PUTM's accuracy minus the reference's on the same tasks (bars: 95% CI),
+    one line per feature set."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,14 +174,14 @@ def draw(sets: list[tuple[str, dict, dict, dict]], path: Path) -> None:
                 points = curves.get((parameter, setting))
                 if not points or setting not in base:
                     continue
-                reference = base[setting]["putm"][0]
-                line, = ax.plot([v for v, _ in points], [a - reference for _, a in points], marker="o", label=name)
+                line = ax.errorbar([p[0] for p in points], [p[2] for p in points], yerr=[p[3] for p in points],
+                                   marker="o", capsize=3, label=name).lines[0]
                 ax.plot([defaults[setting[0]][parameter]], [0.0], marker="*", markersize=12,
                         color=line.get_color())
             ax.axhline(0.0, color="grey", linewidth=0.8)
             ax.set_xlabel(LABELS[parameter])
             if col == 0:
-                ax.set_ylabel(f"{setting[0]}-shot α={setting[1]}: Δ accuracy (points)")
+                ax.set_ylabel(f"{setting[0]}-shot α={setting[1]}: Δ vs reference (points)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("PUTM against one hyper-parameter at a time (★ the reference value)")
     fig.tight_layout()
