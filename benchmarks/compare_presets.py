@@ -6,6 +6,7 @@ every (shot, α) the script prints SimpleShot, PUTM with the base preset and wit
 difference candidate − SimpleShot over the same tasks (mean ± 95% CI, from ``per_task.csv``), and the verdict of
 the rule "at least as accurate as SimpleShot within SimpleShot's 95% CI". Then, per feature set, the candidate's
 mean against the base preset's. The figure draws accuracy against α, one panel per feature set and shot count.
+A ``BASE_DIR`` of ``-`` checks a candidate against SimpleShot alone (for a run with more tasks than the base has).
 
     python evaluate.py features=demo 'shots=[1,5]' 'alphas=[0.5,1,2,3,4,5,6,8,10,balanced]' tasks=200 \\
         'methods=[putm,simpleshot]' output_dir=outputs/recommend/pixels-reference
@@ -23,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 BASELINE = "simpleshot"
+NO_BASE = "-"  # as BASE_DIR: no base run (e.g. a 1000-task check of the candidate against SimpleShot only)
 
 
 def read_results(folder: Path) -> dict[tuple[str, str, str], tuple[float, float]]:
@@ -58,7 +60,9 @@ def alpha_order(alpha: str) -> float:
 
 
 def compare(name: str, base_dir: Path, candidate_dir: Path) -> tuple[list[str], dict]:
-    base, candidate = read_results(base_dir), read_results(candidate_dir)
+    """The table of one feature set; a ``base_dir`` of ``-`` compares the candidate with SimpleShot alone."""
+    base = {} if str(base_dir) == NO_BASE else read_results(base_dir)
+    candidate = read_results(candidate_dir)
     gains = paired_gain(candidate_dir, "putm", BASELINE)
     settings = sorted({(s, a) for (m, s, a) in candidate if m == "putm"}, key=lambda k: (int(k[0]), alpha_order(k[1])))
     lines = [f"## {name}", "", f"base: `{base_dir}`; candidate: `{candidate_dir}`", "",
@@ -84,8 +88,8 @@ def compare(name: str, base_dir: Path, candidate_dir: Path) -> tuple[list[str], 
         mb, mc = sum(base_accs) / len(base_accs), sum(cand_accs) / len(cand_accs)
         summary["means"] = (mb, mc)
         lines += ["", f"Mean over the {len(base_accs)} settings: base {mb:.2f}, candidate {mc:.2f} "
-                      f"({mc - mb:+.2f} points). Below SimpleShot beyond its CI: "
-                      f"{', '.join(failures) if failures else 'none'}."]
+                      f"({mc - mb:+.2f} points)."]
+    lines += ["", f"Below SimpleShot beyond its CI: {', '.join(failures) if failures else 'none'}."]
     return lines, summary
 
 
@@ -153,7 +157,8 @@ def figure(summaries: list[dict], path: Path, base_label: str = "PUTM reference"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set", nargs=3, action="append", required=True, metavar=("NAME", "BASE_DIR", "CANDIDATE_DIR"))
+    parser.add_argument("--set", nargs=3, action="append", required=True, metavar=("NAME", "BASE_DIR", "CANDIDATE_DIR"),
+                        help=f"a feature set: its name, the base preset's run ({NO_BASE!r}: none) and the candidate's")
     parser.add_argument("--figure", type=Path, help="write the accuracy-vs-α figure here (PNG)")
     parser.add_argument("--compact", action="store_true", help="one row per α (for docs) instead of per setting")
     parser.add_argument("--base-label", default="PUTM reference")

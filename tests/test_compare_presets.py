@@ -67,6 +67,16 @@ def test_compact_table_marks_the_failing_setting(runs):
     assert "| balanced | 82.00 ± 1.00 | 90.00 | **80.00** ✗ |" in lines
 
 
+def test_without_a_base_run_the_candidate_is_checked_against_simpleshot_alone(runs):
+    _, candidate = runs
+    lines, summary = compare_presets.compare("toy", Path(compare_presets.NO_BASE), candidate)
+    assert summary["failures"] == ["1-shot α=balanced"] and "means" not in summary
+    text = "\n".join(lines)
+    assert "| 1 | 2 | 75.00 ± 1.50 | — | **74.00** ± 2.00 | -5.00 ±" in text
+    assert "Below SimpleShot beyond its CI: 1-shot α=balanced." in text
+    assert "| balanced | 82.00 ± 1.00 | — | **80.00** ✗ |" in compare_presets.compact(summary)
+
+
 def test_figure_is_written(runs, tmp_path: Path):
     _, summary = compare_presets.compare("toy", *runs)
     compare_presets.figure([summary], tmp_path / "fig.png")
