@@ -43,18 +43,20 @@ def test_explicit_keys_win_over_the_preset_in_any_order(order):
 
 def test_fast_preset_cuts_the_solver_steps_and_nothing_else():
     fast, defaults = putm_params("method.putm.preset=fast"), putm_params()
-    assert (fast["em_steps"], fast["inner_steps"]) == (20, 10)
+    assert (fast["em_steps"], fast["inner_steps"]) == (8, 30)
     assert {k: v for k, v in fast.items() if k not in ("em_steps", "inner_steps")} == \
         {k: v for k, v in defaults.items() if k not in ("em_steps", "inner_steps")}
     settings = build_method("putm", fast, shots=1, balanced=False).settings
-    assert (settings.em_steps, settings.inner_steps) == (20, 10)
+    assert (settings.em_steps, settings.inner_steps) == (8, 30)
 
 
-def test_recommended_preset_is_fast_with_heavier_support_rows_and_reaches_the_m_step():
-    recommended, fast = putm_params("method.putm.preset=recommended"), putm_params("method.putm.preset=fast")
-    assert recommended["support_weight"] == 10.0 and fast["support_weight"] == 1.0
-    assert {k: v for k, v in recommended.items() if k != "support_weight"} == \
-        {k: v for k, v in fast.items() if k != "support_weight"}
+def test_recommended_preset_has_fewer_steps_and_heavier_support_rows_that_reach_the_m_step():
+    recommended, defaults = putm_params("method.putm.preset=recommended"), putm_params()
+    assert (recommended["em_steps"], recommended["inner_steps"], recommended["support_weight"]) == (20, 10, 10.0)
+    assert defaults["support_weight"] == 1.0
+    changed = ("em_steps", "inner_steps", "support_weight")
+    assert {k: v for k, v in recommended.items() if k not in changed} == \
+        {k: v for k, v in defaults.items() if k not in changed}
     settings = build_method("putm", recommended, shots=1, balanced=True).settings
     assert (settings.support_weight, settings.em_steps, settings.inner_steps) == (10.0, 20, 10)
 
