@@ -1,10 +1,14 @@
-"""How far can PUTM's navigator be trusted? Its accuracy against its own confidence, per (shot, α).
+"""How far can PUTM's navigator be trusted? Its accuracy against two signals a task itself offers, per (shot, α).
 
-A support weight that adapts to the navigator (trust the queries' mass when the navigator is sure, keep the
-prototypes at the support when it is not) needs a confidence that tracks accuracy. This script prints, for a
-PUTM preset on one feature set, the accuracy of the final forward navigator π_f and its mean confidence (the
-largest class probability of each query, averaged over queries and tasks); a confidence far above the accuracy
-means the navigator is sure and wrong, and cannot gate anything.
+A support weight that adapts to the task (trust the queries' mass when the features are good, keep the prototypes
+at the support when they are not) needs a signal that tracks whether transduction helps. This script prints, for a
+PUTM preset on one feature set:
+
+- the accuracy of the final forward navigator π_f, and of the support-only nearest mean on the same preprocessed
+  features (PUTM's power transform, basis and L2 normalisation; not SimpleShot's CL2N);
+- PUTM's mean confidence (the largest class probability of each query, averaged over queries and tasks): far above
+  the accuracy means the navigator is sure and wrong;
+- the agreement between PUTM's and the nearest mean's labels: how much transduction changed the answer.
 
     python benchmarks/navigator_confidence.py --features demo --preset recommended
     python benchmarks/navigator_confidence.py --features outputs/feature_cache/<file>.pt --queries 15
@@ -28,6 +32,7 @@ from lightning_putm.data.digits import digits_feature_set  # noqa: E402
 from lightning_putm.data.episodes import sample_episode_bank  # noqa: E402
 from lightning_putm.features import FeatureSet, load_features  # noqa: E402
 from lightning_putm.methods.putm import PUTM  # noqa: E402
+from lightning_putm.tasks import TaskBatch, weighted_class_means  # noqa: E402
 
 PRESETS = ROOT / "conf" / "method" / "presets" / "putm"
 
@@ -38,6 +43,13 @@ def confidence_stats(probabilities: torch.Tensor, query_labels: torch.Tensor) ->
     accuracy = (rows.argmax(dim=2) == query_labels).double().mean()
     confidence = rows.amax(dim=2).double().mean()
     return 100 * float(accuracy), 100 * float(confidence)
+
+
+def nearest_mean_labels(solver: PUTM, tasks: TaskBatch) -> torch.Tensor:
+    """``[T, Q]`` labels of the nearest support mean in PUTM's preprocessed space (its first E-step's prototypes)."""
+    rows = solver.preprocess(tasks)
+    prototypes = weighted_class_means(rows[:, : tasks.num_support], tasks.one_hot_support())
+    return torch.cdist(rows[:, tasks.num_support:], prototypes).argmin(dim=2)
 
 
 def preset_options(name: str, overrides: list[str]) -> dict:
@@ -66,12 +78,18 @@ def load_feature_set(source: str) -> FeatureSet:
 
 
 def measure(feature_set: FeatureSet, options: dict, shots: int, alpha: float | None, queries: int, tasks: int,
-            seed: int = 0) -> tuple[float, float]:
-    """Accuracy and confidence of PUTM on ``tasks`` 5-way episodes drawn as ``evaluate.py`` draws them."""
+            seed: int = 0) -> tuple[float, float, float, float]:
+    """PUTM's accuracy and confidence, the nearest mean's accuracy and its agreement with PUTM (all %), on
+    ``tasks`` 5-way episodes drawn as ``evaluate.py`` draws them."""
     bank = sample_episode_bank(feature_set.labels, 5, shots, queries, alpha, tasks, seed=seed)
     gathered = bank.gather(feature_set.features)
     solver = PUTM(shots=shots, balanced=alpha is None, **options)
-    return confidence_stats(solver.predict(gathered.batch), gathered.query_labels)
+    probabilities = solver.predict(gathered.batch)
+    accuracy, confidence = confidence_stats(probabilities, gathered.query_labels)
+    nearest = nearest_mean_labels(solver, gathered.batch)
+    nearest_accuracy = 100 * float((nearest == gathered.query_labels).double().mean())
+    agreement = 100 * float((nearest == probabilities.argmax(dim=2)).double().mean())
+    return accuracy, confidence, nearest_accuracy, agreement
 
 
 def main(argv: list[str] | None = None) -> list[tuple]:
@@ -88,15 +106,17 @@ def main(argv: list[str] | None = None) -> list[tuple]:
     options = preset_options(args.preset, args.set)
     rows = []
     print(f"PUTM preset {args.preset} {options or ''} on {args.features}, {args.tasks} tasks per setting")
-    print("| shots | α | accuracy (%) | mean confidence (%) | confidence − accuracy |")
-    print("|---|---|---|---|---|")
+    print("| shots | α | PUTM accuracy (%) | mean confidence (%) | confidence − accuracy | nearest-mean accuracy (%) "
+          "| agreement with nearest mean (%) |")
+    print("|---|---|---|---|---|---|---|")
     for shots in args.shots:
         for alpha in args.alphas:
             value = None if alpha == "balanced" else float(alpha)
-            accuracy, confidence = measure(feature_set, options, shots, value, args.queries, args.tasks)
-            rows.append((shots, alpha, accuracy, confidence))
-            print(f"| {shots} | {alpha} | {accuracy:.2f} | {confidence:.2f} | {confidence - accuracy:+.2f} |",
-                  flush=True)
+            accuracy, confidence, nearest, agreement = measure(feature_set, options, shots, value, args.queries,
+                                                               args.tasks)
+            rows.append((shots, alpha, accuracy, confidence, nearest, agreement))
+            print(f"| {shots} | {alpha} | {accuracy:.2f} | {confidence:.2f} | {confidence - accuracy:+.2f} | "
+                  f"{nearest:.2f} | {agreement:.2f} |", flush=True)
     return rows
 
 

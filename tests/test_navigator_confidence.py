@@ -30,6 +30,18 @@ def test_preset_options_read_the_preset_file_then_the_overrides() -> None:
         navigator_confidence.preset_options("fast", ["support_weight"])
 
 
+def test_nearest_mean_labels_pick_the_closest_support_mean_in_putm_space() -> None:
+    from lightning_putm.methods.putm import PUTM
+    from lightning_putm.tasks import TaskBatch
+
+    # 2 ways, 1 shot: support rows along two axes; queries near one or the other. beta=1 keeps the pixels' ratios.
+    support = torch.tensor([[[5.0, 0.1, 0.1], [0.1, 5.0, 0.1]]])
+    query = torch.tensor([[[4.0, 0.5, 0.2], [0.3, 6.0, 0.1], [0.2, 3.0, 0.4]]])
+    tasks = TaskBatch(support, torch.tensor([[0, 1]]), query, ways=2, task_seeds=torch.tensor([0]))
+    labels = navigator_confidence.nearest_mean_labels(PUTM(shots=1, balanced=True, beta=1.0), tasks)
+    assert labels.tolist() == [[0, 1, 1]]
+
+
 def test_main_prints_one_row_per_setting_with_the_solver_accuracy(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("sklearn")
     argv = ["--features", "demo", "--preset", "fast", "--set", "em_steps=2", "--set", "inner_steps=2",
@@ -39,6 +51,7 @@ def test_main_prints_one_row_per_setting_with_the_solver_accuracy(capsys: pytest
     feature_set = navigator_confidence.load_feature_set("demo")
     options = {"em_steps": 2, "inner_steps": 2}
     assert rows[0][2:] == pytest.approx(navigator_confidence.measure(feature_set, options, 1, 2.0, 10, 3))
-    for _, _, accuracy, confidence in rows:
+    for _, _, accuracy, confidence, nearest, agreement in rows:
         assert 0 <= accuracy <= 100 and 20 <= confidence <= 100  # 5 ways: the largest probability is >= 1/5
+        assert 0 <= nearest <= 100 and 0 <= agreement <= 100
     assert capsys.readouterr().out.count("| 1 |") == 2
