@@ -199,8 +199,11 @@ def test_ctrl_c_in_training_exits_130_with_a_resumable_checkpoint_and_one_log_fo
     args += ["logger=csv", f"log_dir={tmp_path / 'logs'}", f"checkpoint_dir={tmp_path / 'ck'}",
              "trainer.max_epochs=40", "trainer.limit_train_batches=4"]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "LIGHTNING_PUTM_CONF": str(REPO_ROOT / "conf")}
+    # A shell that starts pytest in the background (`pytest &`, nohup) hands SIGINT down as ignored, and Python then
+    # keeps ignoring it; the child gets the default disposition back, as in a terminal.
     process = subprocess.Popen([sys.executable, str(REPO_ROOT / "train_backbone.py"), *args], cwd=tmp_path, env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     checkpoints = tmp_path / "ck" / "digits" / "conv4"
     while time.monotonic() < deadline and not list(checkpoints.glob("*/classifier/last.ckpt")):
