@@ -134,7 +134,8 @@ def figure(summaries: list[dict], path: Path, base_label: str = "PUTM reference"
             for label, source, method, style in (("SimpleShot", "candidate", BASELINE, "k--"),
                                                  (base_label, "base", "putm", "C0-"),
                                                  (candidate_label, "candidate", "putm", "C3-")):
-                values = [summary[source].get((method, shots, a)) for a in alphas]
+                values = [summary[source].get((method, shots, a)) or (  # SimpleShot may be in the base run only
+                    summary["base"].get((method, shots, a)) if method == BASELINE else None) for a in alphas]
                 if any(v is None for v in values):
                     continue
                 acc = [v[0] for v in values]
