@@ -27,21 +27,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from compare_presets import read_results  # noqa: E402  (results.csv of a run folder)
 
 PARAMETERS = ("beta", "rho", "inertia")
 LABELS = {"beta": "β (power transform)", "rho": "ρ (CT balance)", "inertia": "inertia a"}
 
 Setting = tuple[str, str]  # (shots, alpha) as results.csv writes them
-
-
-def read_results(folder: Path) -> dict[tuple[str, str, str], tuple[float, float]]:
-    """``{(method, shots, alpha): (accuracy, ci95)}`` of a run folder's ``results.csv``."""
-    path = folder / "results.csv"
-    if not path.is_file():
-        raise SystemExit(f"{path}: not found; give folders of finished evaluate.py runs")
-    with open(path, newline="") as handle:
-        return {(r["method"], r["shots"], r["alpha"]): (float(r["accuracy"]), float(r["ci95"]))
-                for r in csv.DictReader(handle)}
 
 
 def read_tasks(folder: Path, method: str = "putm") -> dict[tuple[str, str, str], tuple[float, tuple]]:
