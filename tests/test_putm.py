@@ -42,10 +42,14 @@ def test_navigators_are_normalised_over_classes_and_queries():
 
 @pytest.mark.parametrize("dim,rows", [(640, 80), (64, 80), (20, 20)])
 def test_qr_reduction_preserves_pairwise_geometry(dim, rows):
-    x = torch.rand(3, rows, dim, dtype=torch.float64)
+    x = torch.rand(3, rows, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(dim + rows))
     reduced = qr_reduce(x)
     assert reduced.shape == (3, rows, min(dim, rows))
-    assert torch.allclose(torch.cdist(reduced, reduced), torch.cdist(x, x), atol=1e-6)
+    # cdist's default matmul form (|a|² + |b|² − 2ab) loses ~1e-6 near zero distances at d = 640 and made this test
+    # fail on some seeds; the direct form is exact to ~1e-14 in float64 here, so the tolerance can be tight
+    exact = "donot_use_mm_for_euclid_dist"
+    assert torch.allclose(torch.cdist(reduced, reduced, compute_mode=exact), torch.cdist(x, x, compute_mode=exact),
+                          atol=1e-10)
     assert torch.allclose(reduced @ reduced.transpose(1, 2), x @ x.transpose(1, 2), atol=1e-8)
 
 
