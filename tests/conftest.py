@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,20 @@ from lightning_putm.features import FeatureSet
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+#: The environment variable that points the real-data tests at an Omniglot copy: the folder you would pass as
+#: ``data.root=`` (it holds ``omniglot-py/images_background`` and ``omniglot-py/images_evaluation``).
+OMNIGLOT_ENV = "LIGHTNING_PUTM_OMNIGLOT"
+
+
+def real_omniglot_root() -> Path:
+    """``$LIGHTNING_PUTM_OMNIGLOT``, else ``<checkout's parent>/shared/data/omniglot``; tests skip when absent."""
+    configured = os.environ.get(OMNIGLOT_ENV)
+    return Path(configured).expanduser() if configured else SHARED_DATA / "omniglot"
+
+
+def omniglot_skip_reason(root: Path) -> str:
+    return (f"real Omniglot not found at {root} (optional: set {OMNIGLOT_ENV} to the folder that holds "
+            "omniglot-py/, the one you would pass as data.root=)")
 
 
 def make_clustered_features(classes: int = 10, per_class: int = 40, dim: int = 32, spread: float = 0.15,

@@ -13,6 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import omniglot_skip_reason, real_omniglot_root
 from lightning_putm.data import EpisodeSettings, FewShotDataModule, read_split
 from lightning_putm.data.cub import cub_split_of
 from lightning_putm.data.omniglot import vinyals_split_of
@@ -20,7 +21,7 @@ from lightning_putm.data.samplers import EpochShuffleSampler
 from lightning_putm.data.transforms import eval_transform, train_transform
 from lightning_putm.errors import ConfigError, DataError
 
-REAL_OMNIGLOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "omniglot"
+REAL_OMNIGLOT = real_omniglot_root()
 
 
 def write_image(path: Path, seed: int, size: int = 12, mode: str = "RGB") -> None:
@@ -227,7 +228,7 @@ def test_vinyals_rule() -> None:
 
 
 @pytest.mark.skipif(not (REAL_OMNIGLOT / "omniglot-py").is_dir(),
-                    reason=f"real Omniglot not found at {REAL_OMNIGLOT} (optional local copy)")
+                    reason=omniglot_skip_reason(REAL_OMNIGLOT))
 def test_real_omniglot_vinyals_counts() -> None:
     """The real data: 1200 / 423 characters x 4 rotations, 20 drawings each; the rule equals the split files."""
     from lightning_putm.data.omniglot import omniglot_characters
@@ -316,3 +317,14 @@ def test_datamodule_reports_a_missing_root() -> None:
         dm.setup("fit")
     with pytest.raises(ConfigError, match="unknown dataset 'imagenet'"):
         FewShotDataModule("imagenet")
+
+
+def test_real_data_tests_follow_the_documented_environment_variable(tmp_path: Path, monkeypatch) -> None:
+    """Kills: the real-Omniglot tests looking only beside the checkout (LIGHTNING_PUTM_OMNIGLOT ignored)."""
+    import conftest
+
+    monkeypatch.setenv(conftest.OMNIGLOT_ENV, str(tmp_path / "my-omniglot"))
+    assert conftest.real_omniglot_root() == tmp_path / "my-omniglot"
+    assert conftest.OMNIGLOT_ENV in conftest.omniglot_skip_reason(tmp_path)
+    monkeypatch.delenv(conftest.OMNIGLOT_ENV)
+    assert conftest.real_omniglot_root() == conftest.SHARED_DATA / "omniglot"

@@ -24,11 +24,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from conftest import omniglot_skip_reason, real_omniglot_root
 from lightning_putm.data import cifarfs, omniglot, read_split
 from lightning_putm.data.download import TEMP_PREFIX, Resource
 from lightning_putm.errors import ConfigError, DataError
 
-REAL_OMNIGLOT = Path(__file__).resolve().parents[2] / "shared" / "data" / "omniglot"
+REAL_OMNIGLOT = real_omniglot_root()
 
 #: The 100 CIFAR-100 fine classes in label order (alphabetical, as in the official meta file).
 CIFAR100_CLASSES = """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly
@@ -256,7 +257,7 @@ def test_download_tables_match_torchvision() -> None:
     assert cifarfs.CIFAR100_MEMBER_MD5 == pins
 
 
-@pytest.mark.skipif(not (REAL_OMNIGLOT / "omniglot-py").is_dir(), reason="no real Omniglot copy beside the checkout")
+@pytest.mark.skipif(not (REAL_OMNIGLOT / "omniglot-py").is_dir(), reason=omniglot_skip_reason(REAL_OMNIGLOT))
 def test_download_of_real_omniglot_pngs(tmp_path: Path, served, monkeypatch) -> None:
     folder, server = served
     chosen = {"images_background": ["Latin/character01"], "images_evaluation": ["Kannada/character01"]}

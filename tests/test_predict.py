@@ -15,13 +15,14 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import omniglot_skip_reason, real_omniglot_root
 from lightning_putm.data.omniglot import load_character
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.extraction import load_checkpoint_backbone
 from lightning_putm.prediction import checkpoint_image_reader, omniglot_pixels, read_folders
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-OMNIGLOT = REPO_ROOT.parent / "shared" / "data" / "omniglot" / "omniglot-py"
+OMNIGLOT = real_omniglot_root() / "omniglot-py"
 TRAIN_CHARACTERS = [f"images_background/Alphabet_of_the_Magi/character{i:02d}" for i in range(1, 9)]
 NOVEL_CHARACTERS = [f"images_evaluation/Angelic/character{i:02d}" for i in range(1, 5)]
 SHOTS = {0: 1, 1: 2, 2: 1, 3: 3}  # unequal shots per class on purpose
@@ -30,7 +31,7 @@ QUERIES_PER_CLASS = {0: 6, 1: 2, 2: 4, 3: 3}  # imbalanced queries
 
 def _skip_without_omniglot() -> None:
     if not OMNIGLOT.is_dir():
-        pytest.skip(f"the real Omniglot images are not at {OMNIGLOT}")
+        pytest.skip(omniglot_skip_reason(OMNIGLOT.parent))
 
 
 @pytest.fixture(scope="session")
