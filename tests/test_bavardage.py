@@ -255,3 +255,19 @@ def test_bad_hyper_parameters_fail(bad: dict) -> None:
 
     with pytest.raises(ConfigError):
         build_method("bavardage", bad, shots=1, balanced=False)
+
+
+def test_bavardage_page_counts_its_compared_rows_and_says_the_evaluation_whitens() -> None:
+    """Kills a stale page: the fidelity paragraph's row count must be the table's rows that have a reference, and
+    the page must not say the evaluation skips the base scatter (it passes it: evaluation/sources.py)."""
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "methods" / "bavardage.md").read_text()
+    table = page[page.index("setting                          prior"):]
+    table = table[: table.index("```")]
+    rows = [line for line in table.splitlines()[1:] if line.strip()]
+    compared = [line for line in rows if "nan%" not in line]
+    claimed = re.search(r"identical \(100\.0%\) in all (\d+) compared rows", page)
+    assert claimed is not None and int(claimed.group(1)) == len(compared) == 12
+    assert "does not compute it yet" not in page and "Evaluation change needed" not in page
