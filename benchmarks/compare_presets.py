@@ -10,7 +10,7 @@ A ``BASE_DIR`` of ``-`` checks a candidate against SimpleShot alone (for a run w
 
     python evaluate.py features=demo 'shots=[1,5]' 'alphas=[0.5,1,2,3,4,5,6,8,10,balanced]' tasks=200 \\
         'methods=[putm,simpleshot]' output_dir=outputs/recommend/pixels-reference
-    python evaluate.py ... method.putm.preset=recommended output_dir=outputs/recommend/pixels-recommended
+    python evaluate.py ... method.putm.preset=support_anchored output_dir=outputs/recommend/pixels-recommended
     python benchmarks/compare_presets.py --set "digits pixels" outputs/recommend/pixels-reference \\
         outputs/recommend/pixels-recommended [--set ...] --figure docs/img/recommended_preset.png
 """
@@ -117,7 +117,7 @@ def compact(summary: dict) -> list[str]:
 
 
 def figure(summaries: list[dict], path: Path, base_label: str = "PUTM reference",
-           candidate_label: str = "PUTM recommended") -> None:
+           candidate_label: str = "PUTM support_anchored") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--figure", type=Path, help="write the accuracy-vs-α figure here (PNG)")
     parser.add_argument("--compact", action="store_true", help="one row per α (for docs) instead of per setting")
     parser.add_argument("--base-label", default="PUTM reference")
-    parser.add_argument("--candidate-label", default="PUTM recommended")
+    parser.add_argument("--candidate-label", default="PUTM support_anchored")
     args = parser.parse_args()
     summaries = []
     for name, base_dir, candidate_dir in args.set:

@@ -10,7 +10,7 @@ PUTM preset on one feature set:
   the accuracy means the navigator is sure and wrong;
 - the agreement between PUTM's and the nearest mean's labels: how much transduction changed the answer.
 
-    python benchmarks/navigator_confidence.py --features demo --preset recommended
+    python benchmarks/navigator_confidence.py --features demo --preset support_anchored
     python benchmarks/navigator_confidence.py --features outputs/feature_cache/<file>.pt --queries 15
 
 ``--features`` is ``demo`` (the built-in digits pixels) or a feature file in the format ``evaluate.py`` reads
@@ -95,7 +95,7 @@ def measure(feature_set: FeatureSet, options: dict, shots: int, alpha: float | N
 def main(argv: list[str] | None = None) -> list[tuple]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--features", default="demo", help="'demo' (digits pixels) or a feature file")
-    parser.add_argument("--preset", default="reference", help="a PUTM preset: reference, fast, recommended, ...")
+    parser.add_argument("--preset", default="reference", help="a PUTM preset: reference, fast, support_anchored, ...")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a PUTM option on top")
     parser.add_argument("--shots", type=int, nargs="+", default=[1, 5])
     parser.add_argument("--alphas", nargs="+", default=["0.5", "2", "balanced"])

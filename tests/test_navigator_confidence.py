@@ -22,9 +22,9 @@ def test_confidence_stats_are_accuracy_and_mean_largest_probability_after_renorm
 
 def test_preset_options_read_the_preset_file_then_the_overrides() -> None:
     assert navigator_confidence.preset_options("reference", []) == {}
-    options = navigator_confidence.preset_options("recommended", ["support_weight=20", "prototype_update=backward"])
+    options = navigator_confidence.preset_options("support_anchored", ["support_weight=20", "prototype_update=backward"])
     assert options == {"em_steps": 20, "inner_steps": 10, "support_weight": 20, "prototype_update": "backward"}
-    with pytest.raises(SystemExit, match="presets: .*recommended"):
+    with pytest.raises(SystemExit, match="presets: .*support_anchored"):
         navigator_confidence.preset_options("nonesuch", [])
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         navigator_confidence.preset_options("fast", ["support_weight"])

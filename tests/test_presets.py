@@ -50,8 +50,8 @@ def test_fast_preset_cuts_the_solver_steps_and_nothing_else():
     assert (settings.em_steps, settings.inner_steps) == (8, 30)
 
 
-def test_recommended_preset_has_fewer_steps_and_heavier_support_rows_that_reach_the_m_step():
-    recommended, defaults = putm_params("method.putm.preset=recommended"), putm_params()
+def test_support_anchored_preset_has_fewer_steps_and_heavier_support_rows_that_reach_the_m_step():
+    recommended, defaults = putm_params("method.putm.preset=support_anchored"), putm_params()
     assert (recommended["em_steps"], recommended["inner_steps"], recommended["support_weight"]) == (20, 10, 10.0)
     assert defaults["support_weight"] == 1.0
     changed = ("em_steps", "inner_steps", "support_weight")
@@ -62,15 +62,24 @@ def test_recommended_preset_has_fewer_steps_and_heavier_support_rows_that_reach_
 
 
 def test_bad_presets_are_one_clear_error():
-    with pytest.raises(ConfigError, match=r"method.putm.preset.*one of fast, paper, recommended, reference.*'nope'"):
+    with pytest.raises(ConfigError, match=r"method.putm.preset.*one of fast, paper, reference, support_anchored.*'nope'"):
         putm_params("method.putm.preset=nope")
     with pytest.raises(ConfigError, match=r"method.simpleshot.preset.*no presets.*putm"):
         putm_params("method.simpleshot.preset=paper")
 
 
+def test_the_renamed_recommended_preset_says_its_new_name_and_why():
+    """Kills: `recommended` still accepted (a name that promised more than the preset gave on unseen features), or
+    rejected with only the list of presets (the user is not told it was renamed, nor what to use)."""
+    assert "recommended" not in preset_options("putm")
+    with pytest.raises(ConfigError, match=r"preset=recommended` is now `method.putm.preset=support_anchored`.*defaults "
+                                          r"are the recommended values.*tune"):
+        putm_params("method.putm.preset=recommended")
+
+
 def test_every_shipped_preset_builds_and_names_only_known_keys():
     defaults = yaml.safe_load((conf_dir() / "method" / "putm.yaml").read_text())
-    assert {"reference", "paper", "fast", "recommended"} <= set(preset_options("putm"))
+    assert {"reference", "paper", "fast", "support_anchored"} <= set(preset_options("putm"))
     for preset in preset_options("putm"):
         values = yaml.safe_load((conf_dir() / "method" / "presets" / "putm" / f"{preset}.yaml").read_text()) or {}
         assert set(values) <= set(defaults) - {"preset"}, preset

@@ -47,6 +47,10 @@ BASE_SPLITS = ("train", "val")
 #: ``conf/method/presets/<method>/<preset>.yaml``: named sets of a method's values (``method.putm.preset=paper``).
 PRESET_FOLDER = "presets"
 PRESET_KEY = "preset"
+#: Presets that were renamed: (method, old name) -> (new name, why). Naming the old one is an error that says so.
+RENAMED_PRESETS = {("putm", "recommended"): (
+    "support_anchored", "it was below the defaults on feature sets it was not selected on; the defaults are the "
+    "recommended values, and `python -m lightning_putm tune` selects on your own validation classes")}
 
 
 @dataclass
@@ -153,6 +157,10 @@ def apply_presets(cfg: DictConfig, overrides: Sequence[str], defaults_too: bool 
             continue
         preset = chosen.get(name, str(cfg.method[name][PRESET_KEY]))
         options = preset_options(name)
+        if (name, preset) in RENAMED_PRESETS:
+            renamed, why = RENAMED_PRESETS[name, preset]
+            raise ConfigError(f"`method.{name}.preset={preset}` is now `method.{name}.preset={renamed}` (same values): "
+                              f"{why}")
         if preset not in options:
             raise ConfigError(f"`method.{name}.preset` must be one of {', '.join(options)}; got {preset!r}")
         values = load_yaml(conf_dir() / "method" / PRESET_FOLDER / name / f"{preset}.yaml")
