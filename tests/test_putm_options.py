@@ -155,14 +155,15 @@ def test_e_step_is_adam_on_the_ct_loss_with_rho_theta_lr_betas_and_inner_steps(s
     record = records[0]
     forward, backward, after = manual_e_step(record, query_rows(putm, batch), rho, theta, 0.02, (0.7, 0.9), 3)
     assert torch.allclose(record.forward, forward, atol=1e-6) and torch.allclose(record.backward, backward, atol=1e-6)
-    assert mismatch(record, after) < 0.01
+    assert mismatch(record, after) < 0.1  # rounding flips: ≤ 2.6% measured; a wrong lr/betas/ρ/θ/step count: > 94%
 
 
 def mismatch(record: EMStep, after: list[torch.Tensor]) -> float:
     """Fraction of navigator parameters more than 1e-6 away from ``after``. Adam's first steps move every weight
-    by about ±lr, so a rounding difference in a near-zero gradient can flip one weight's step: measured, the
-    engines match the hand computation on all but 1 of 706 weights, and miss >97% of them for any other lr,
-    betas, ρ, θ or number of steps."""
+    by about ±lr, so a rounding difference in a near-zero gradient can flip that weight's step, and how many flip
+    depends on the CPU's kernels: measured, the engines match the hand computation on all but 1 of 706 weights on
+    an AMD EPYC, and all but 18 (2.6%, at ρ 0.8, θ 0.6) on an Intel Xeon with AMX, where the old 1% bound failed.
+    Any other lr, betas, ρ, θ or number of steps misses more than 94% of them."""
     got = layer_weights(record, record.navigator_after) + layer_biases(record, record.navigator_after)
     differences = torch.cat([(ours - expected).abs().flatten() for ours, expected in zip(got, after)])
     return float((differences > 1e-6).float().mean())
