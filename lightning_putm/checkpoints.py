@@ -6,6 +6,8 @@
   writes local checkpoints to a temporary file in the destination folder, fsyncs and renames it instead.
 * Every read uses ``torch.load(..., weights_only=True)``, which cannot run code. That includes Lightning's resume
   path (``trainer.fit(ckpt_path=...)``), whose checkpoints hold only tensors, numbers, strings and plain containers.
+* :class:`BestCheckpoint` keeps the best checkpoint by a validation metric and skips an epoch that did not compute
+  it, where Lightning's ``ModelCheckpoint`` would end the run with an exception.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import pickle
 from pathlib import Path
 from typing import Any, Callable
 
+import pytorch_lightning as pl
 import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from pytorch_lightning.callbacks import ModelCheckpoint
 
 from lightning_putm.errors import DataError
 from lightning_putm.features import atomic_torch_save, looks_like_torch_file, unsafe_load_reason
@@ -37,6 +41,26 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path: str | os.PathLike, map_location: Callable | None = lambda storage, loc: storage,
                         weights_only: bool | None = None) -> dict[str, Any]:
         return super().load_checkpoint(path, map_location=map_location, weights_only=True)
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint(monitor=...)`` that leaves the checkpoint alone in an epoch without the monitored metric.
+
+    The module logs ``val/acc`` only when validation saw every image its episode bank needs; with
+    ``trainer.limit_val_batches`` (or ``overfit_batches``) it cannot and says so. Lightning's ``ModelCheckpoint``
+    then raises ``could not find the monitored key`` at the end of the epoch, after the training is done.
+    """
+
+    def _has_metric(self, trainer: pl.Trainer) -> bool:
+        return self.monitor is None or self.monitor in trainer.callback_metrics
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._has_metric(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._has_metric(trainer):
+            super().on_validation_end(trainer, pl_module)
 
 
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:

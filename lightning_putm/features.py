@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from lightning_putm.errors import FeatureError
+from lightning_putm.signals import signals_deferred
 
 FORMAT_NAME = "lightning-putm-features"
 FORMAT_VERSION = 1
@@ -115,23 +116,27 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     A process killed mid-write (SIGKILL, OOM killer, power loss) leaves ``path`` as it was plus a hidden
     ``.<name>.*.tmp`` file that is never read; the next successful write removes such leftovers once they are
     :data:`STALE_TEMP_SECONDS` old (a write in progress keeps touching its own temporary file).
+
+    Ctrl-C and SIGTERM wait until the write is complete (:func:`~lightning_putm.signals.signals_deferred`):
+    raised inside ``torch.save`` they would fail the save with ``RuntimeError: unexpected pos``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, default_file_mode())  # mkstemp makes 0600; a checkpoint or cache is as readable as any file
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    _fsync_folder(path.parent)
-    remove_stale_temps(path)
+    with signals_deferred():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                torch.save(obj, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, default_file_mode())  # mkstemp makes 0600; a checkpoint or cache is as readable as any file
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        _fsync_folder(path.parent)
+        remove_stale_temps(path)
 
 
 def default_file_mode() -> int:

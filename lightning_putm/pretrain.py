@@ -39,6 +39,7 @@ from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.feature_table import scatter_rows
 from lightning_putm.metrics import mean_and_ci95
 from lightning_putm.models import Backbone, CosineClassifier, Mixup, RotationHead, build_backbone, rotate_batch
+from lightning_putm.validators import choice
 
 STAGES = ("classifier", "rotation", "s2m2r")
 NCM_NORMALISATIONS = ("none", "l2")
@@ -141,10 +142,8 @@ class S2M2Module(pl.LightningModule):
         self.compile_backend = check_compile(compile)
         if stage not in STAGES:
             raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-        if scheduler not in ("none", "cosine"):
-            raise ConfigError(f"scheduler must be none or cosine, got {scheduler!r}")
-        if ncm_normalise not in NCM_NORMALISATIONS:
-            raise ConfigError(f"ncm must be one of {', '.join(NCM_NORMALISATIONS)}, got {ncm_normalise!r}")
+        choice(scheduler, "scheduler", ("none", "cosine"))
+        choice(ncm_normalise, "ncm", NCM_NORMALISATIONS)
         self.save_hyperparameters(ignore=["channels_last", "compile"])
         self.backbone: Backbone = build_backbone(backbone, in_channels=in_channels, **dict(backbone_options or {}))
         bad = [m for m in mix_layers if m not in self.backbone.mix_points]
@@ -298,8 +297,9 @@ class S2M2Module(pl.LightningModule):
         features, seen = self._gathered_features(num_rows)
         needed = torch.cat([bank.support_indices.flatten(), bank.query_indices.flatten()]).unique().to(seen.device)
         if not seen[needed].all():
-            warnings.warn(f"{split}: only part of the split was evaluated (limit_{split}_batches?); "
-                          "few-shot accuracy is not computed this epoch", stacklevel=1)
+            effect = "; best.ckpt is not updated this epoch" if split == "val" else ""
+            warnings.warn(f"{split}: only part of the split was evaluated (trainer.limit_{split}_batches or "
+                          f"overfit_batches?), so {split}/acc is not computed{effect}", stacklevel=1)
             return
         accuracies = ncm_task_accuracy(features, bank, self.hparams.ncm_normalise)
         mean, ci = mean_and_ci95(accuracies)

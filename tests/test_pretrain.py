@@ -18,6 +18,7 @@ import torch
 from wandb_records import run_record
 
 from lightning_putm.checkpoints import AtomicCheckpointIO, read_checkpoint
+from helpers.cli import run_in_process
 from lightning_putm.cli import run_cli
 from lightning_putm.data import FewShotDataModule, sample_episode_bank
 from lightning_putm.errors import ConfigError, DataError
@@ -208,6 +209,64 @@ def test_config_overrides_and_strict_keys() -> None:
                          (["val_episodes.alpha=-2"], "val_episodes.alpha")]:
         with pytest.raises(ConfigError, match=message):
             settings_from_config(load_train_config(bad))
+
+
+# ------------------------------------------------------------------------------------------- Trainer options
+def test_validation_limited_to_part_of_the_split_finishes_with_last_as_best(tmp_path: Path) -> None:
+    """limit_val_batches leaves val/acc uncomputed; the run used to die with `could not find the monitored key`."""
+    lines: list[str] = []
+    with pytest.warns(UserWarning, match=r"val: only part of the split was evaluated .*best.ckpt is not updated"):
+        results = run_train_backbone(QUIET + [f"checkpoint_dir={tmp_path}", "stages=[classifier]",
+                                              "trainer.max_epochs=2", "trainer.limit_train_batches=3",
+                                              "trainer.limit_val_batches=2", "data.eval_batch_size=16",
+                                              "run_test=false"], log=lines.append)
+    stage = (tmp_path / "digits/conv4/latest/classifier").resolve()
+    assert sorted(p.name for p in stage.iterdir()) == ["last.ckpt"]
+    assert results[0].best == results[0].last == stage / "last.ckpt" and results[0].best_score is None
+    assert read_checkpoint(stage / "last.ckpt")["epoch"] == 1  # both epochs trained
+    assert any("[classifier] no epoch computed val/acc" in line and "best = last" in line for line in lines)
+
+
+def test_last_checkpoint_holds_the_final_epoch_whatever_the_validation_schedule(tmp_path: Path) -> None:
+    """Lightning saved `last` only after a validation: with check_val_every_n_epoch=2 the third epoch was lost."""
+    results = run_train_backbone(QUIET + [f"checkpoint_dir={tmp_path}", "stages=[classifier]", "trainer.max_epochs=3",
+                                          "trainer.limit_train_batches=2", "trainer.check_val_every_n_epoch=2",
+                                          "run_test=false"], log=quiet)
+    last = read_checkpoint(results[0].last)
+    assert (last["epoch"], last["global_step"]) == (2, 6)
+    assert read_checkpoint(results[0].best)["epoch"] == 1  # the one validated epoch
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ("trainer.fast_dev_run=true", r"trainer.fast_dev_run=True writes no checkpoint.*trainer.max_epochs=1"),
+    ("trainer.limit_train_batches=0", r"trainer.limit_train_batches=0 trains nothing"),
+    ("trainer.max_steps=0", r"trainer.max_steps=0 trains nothing"),
+])
+def test_trainer_options_that_would_write_no_checkpoint_are_refused_before_the_run(tmp_path: Path, option: str,
+                                                                                     message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        run_train_backbone(QUIET + [f"checkpoint_dir={tmp_path}", "stages=[classifier]", option], log=quiet)
+    assert not (tmp_path / "digits").exists()
+
+
+def test_a_trainer_option_lightning_rejects_at_fit_time_is_one_clear_error(tmp_path: Path) -> None:
+    """0.1 % of 11 training batches is less than one batch: Lightning raises inside fit, before any training."""
+    outcome = run_in_process("train_backbone", QUIET + [f"checkpoint_dir={tmp_path}", "stages=[classifier]",
+                                                         "trainer.limit_train_batches=0.001", "run_test=false"])
+    assert outcome.user_error_problem(r"^error: stage classifier: the Trainer refused its options: .*"
+                                      r"limit_train_batches") is None, outcome.stderr
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_the_progress_bar_shows_stage_and_epoch_instead_of_the_logger_version(tmp_path: Path, capsys) -> None:
+    """The CSV logger's version is the stage name, which Lightning's bar showed cut to `v_num=fier`."""
+    args = [a for a in QUIET if a not in ("logger=none", "trainer.enable_progress_bar=false")]
+    run_train_backbone(args + ["logger=csv", f"log_dir={tmp_path / 'logs'}", f"checkpoint_dir={tmp_path}",
+                               "stages=[classifier]", "trainer.max_epochs=2", "trainer.limit_train_batches=2",
+                               "run_test=false"], log=quiet)
+    bar = capsys.readouterr().out  # Lightning's bar writes to stdout
+    assert "[classifier] epoch 1/2" in bar and "[classifier] epoch 2/2" in bar and "train/loss" in bar
+    assert "v_num" not in bar
 
 
 # ------------------------------------------------------------------------------------------- checkpoints

@@ -135,8 +135,11 @@ def test_help_lists_every_key_with_type_and_default(capsys) -> None:
     for key in ("checkpoint", "output_dir", "wandb.group", "memory_budget_mb", "method.putm.rho",
                 "method.ptmap.alpha" if "method.ptmap.alpha" in text else "method.ptmap.", "force_data"):
         assert key in text, key
-    line = next(line for line in text.splitlines() if line.strip().startswith("memory_budget_mb"))
-    assert "int" in line and "2048" in line and "chunked" in line  # type, default, meaning
+    lines = text.splitlines()  # a row: its line and the wrapped lines of its meaning below it
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("memory_budget_mb"))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("   ")), len(lines))
+    row = " ".join(lines[start:end])
+    assert "int" in lines[start] and "2048" in lines[start] and "chunked" in row  # type, default, meaning
     train = run_in_process("train_backbone", ["-h"]).stdout
     assert "data.epochs" in train and "backbone.width" in train and "run " in train
 
@@ -194,7 +197,9 @@ def test_checkpoints_and_caches_are_written_with_the_usual_permissions(tmp_path,
 
 
 def test_ctrl_c_in_training_exits_130_with_a_resumable_checkpoint_and_one_log_folder(tmp_path: Path) -> None:
-    """SIGINT once the first epoch's checkpoint exists; then resume=true finishes in the same run and log folder."""
+    """A real Ctrl-C from outside once the first epoch's checkpoint exists; then resume=true finishes in the same run
+    and log folder. Wherever it lands (often inside a checkpoint save, which used to end in a RuntimeError traceback
+    and exit 1) it exits 130; tests/test_checkpoint_interrupts.py sends it at each exact point of a save."""
     args = [a for a in TRAIN if a not in ("logger=none", "trainer.max_epochs=1", "trainer.limit_train_batches=2")]
     args += ["logger=csv", f"log_dir={tmp_path / 'logs'}", f"checkpoint_dir={tmp_path / 'ck'}",
              "trainer.max_epochs=40", "trainer.limit_train_batches=4"]

@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pytorch_lightning as pl
+from lightning_fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from pytorch_lightning.callbacks import TQDMProgressBar
 from pytorch_lightning.utilities import rank_zero_only
 
 from lightning_putm.callbacks import FewShotEvaluationCallback
-from lightning_putm.checkpoints import AtomicCheckpointIO
+from lightning_putm.checkpoints import AtomicCheckpointIO, BestCheckpoint
 from lightning_putm.config import (apply_overrides, apply_trainer_overrides, build_trainer, conf_dir, load_group,
                                    load_saved_config,
                                    load_yaml, peel_override, split_override, split_trainer_overrides, to_container,
@@ -35,7 +37,9 @@ from lightning_putm.loggers import build_logger, console, finish_logger
 from lightning_putm.pretrain import (STAGES, S2M2Module, check_channels_last, check_compile,
                                      check_resume_checkpoint, init_from_checkpoint)
 from lightning_putm.runs import LATEST, latest_run, point_latest, run_dir, slug
-from lightning_putm.validators import flag, integer, mapping, number, parse_alpha, path, positive
+from lightning_putm.signals import Terminated, sigterm_as_interrupt
+from lightning_putm.validators import (choice, did_you_mean, flag, integer, mapping, number, parse_alpha, path,
+                                       positive)
 
 #: Trainer arguments this job sets itself; use the named config keys instead.
 RESERVED_TRAINER_ARGS = {
@@ -151,7 +155,10 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
     stages = chosen if not isinstance(chosen, str) else [chosen]
     stages = [str(s) for s in stages] if isinstance(stages, ListConfig) else [repr(stages)]
     if not stages or any(s not in STAGES for s in stages):
-        raise ConfigError(f"`stages` must list stages among {', '.join(STAGES)}, got {stages}")
+        wrong = next((s for s in stages if s not in STAGES), "")
+        hint = did_you_mean(wrong, STAGES).strip()
+        raise ConfigError(f"`stages` must list stages among {', '.join(STAGES)}, got {stages}"
+                          + (f"; {hint}" if hint else ""))
     epochs_cfg = to_container(cfg.data.epochs)
     max_epochs = cfg.trainer.get("max_epochs")
     epochs = {}
@@ -163,8 +170,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
                                   integer=True)
     scale = cfg.head.scale
     head_scale = None if scale in (None, "auto") else float(positive(scale, "head.scale"))
-    if cfg.logger not in ("csv", "wandb", "none"):
-        raise ConfigError(f"`logger` must be csv, wandb or none, got {cfg.logger!r}")
+    choice(cfg.logger, "logger", ("csv", "wandb", "none"))
     seed = integer(cfg.seed, "seed", 0)
     mix_layers = cfg.mix_layers if not isinstance(cfg.mix_layers, int) else [cfg.mix_layers]
     if (not isinstance(mix_layers, (list, ListConfig)) or not mix_layers
@@ -175,6 +181,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
     backbone_options = {k: v for k, v in to_container(cfg.backbone).items() if k != "name"}
     _check_backbone_options(backbone_options, str(cfg.backbone.name))
     trainer = {k: v for k, v in to_container(cfg.trainer).items() if k != "max_epochs"}
+    _check_trainer_writes_checkpoints(trainer)
     check_compile(cfg.compile, "compile")  # false | true | a torch.compile backend name
     return TrainSettings(
         dataset=str(cfg.data.name),
@@ -210,6 +217,19 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         fewshot_every=_fewshot_every(cfg),
         fewshot_eval=_fewshot_settings(cfg),
     )
+
+
+def _check_trainer_writes_checkpoints(trainer: dict[str, Any]) -> None:
+    """Refuse, before anything starts, the Trainer options under which a stage would end without a checkpoint."""
+    if trainer.get("fast_dev_run") not in (None, False, 0):
+        raise ConfigError(f"trainer.fast_dev_run={trainer['fast_dev_run']} writes no checkpoint, and checkpoints are "
+                          "what train_backbone.py is for; for a quick trial use trainer.max_epochs=1 "
+                          "trainer.limit_train_batches=2")
+    for name in ("limit_train_batches", "max_steps"):  # Lightning would skip the training
+        value = trainer.get(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0:
+            raise ConfigError(f"trainer.{name}={value} trains nothing, so no checkpoint would be written; give a "
+                              f"positive value or leave trainer.{name} out")
 
 
 def _loader_settings(cfg: DictConfig) -> LoaderSettings:
@@ -277,22 +297,46 @@ def build_stage_logger(settings: TrainSettings, stage: str, config: dict[str, An
                         job_type=f"train-{stage}", group=group, config=config)
 
 
+class StageProgressBar(TQDMProgressBar):
+    """Lightning's progress bar with the stage and epoch (``[classifier] epoch 3/40``) and without ``v_num``:
+    the logger's version, which here is the stage name cut to its last four letters (``v_num=fier``)."""
+
+    def __init__(self, stage: str) -> None:
+        super().__init__()
+        self.stage = stage
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        super().on_train_epoch_start(trainer, *args)
+        epoch = f"[{self.stage}] epoch {trainer.current_epoch + 1}/{trainer.max_epochs}"
+        self.train_progress_bar.set_description(epoch)
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)
+        return items
+
+
 def build_stage_trainer(settings: TrainSettings, stage: str, has_val: bool, logger: Any) -> pl.Trainer:
     """A Trainer with ``trainer.*`` options, atomic checkpoint IO and the best/last checkpoint callbacks.
 
     Two callbacks: Lightning (2.6) refreshes ``save_last`` only in steps where a top-k checkpoint was written,
     which would leave ``last.ckpt`` stale once validation accuracy stops improving. ``best`` comes first so the
-    ``last.ckpt`` written after it carries the updated best score for resuming.
+    ``last.ckpt`` written after it carries the updated best score for resuming. ``last.ckpt`` is written at the end
+    of every training epoch whatever the validation schedule (``check_val_every_n_epoch``, ``val_check_interval``),
+    so it always holds a finished epoch to resume from. ``best`` skips epochs without ``val/acc`` (see
+    :class:`BestCheckpoint`).
     """
     from pytorch_lightning.callbacks import ModelCheckpoint
 
     folder = str(settings.stage_dir(stage))
-    callbacks = []
+    callbacks: list[pl.Callback] = []
     if has_val:
-        callbacks.append(ModelCheckpoint(dirpath=folder, filename="best", monitor="val/acc", mode="max", save_top_k=1,
-                                         auto_insert_metric_name=False, enable_version_counter=False))
+        callbacks.append(BestCheckpoint(dirpath=folder, filename="best", monitor="val/acc", mode="max", save_top_k=1,
+                                        auto_insert_metric_name=False, enable_version_counter=False))
     callbacks.append(ModelCheckpoint(dirpath=folder, filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
-                                     enable_version_counter=False))
+                                     save_on_train_epoch_end=True, enable_version_counter=False))
+    if settings.trainer.get("enable_progress_bar", True) not in (False, 0):
+        callbacks.append(StageProgressBar(stage))
     if settings.fewshot_every is not None and has_val:
         fewshot = replace(settings.fewshot_eval, output_dir=settings.fewshot_eval.output_dir / stage)
         callbacks.append(FewShotEvaluationCallback(fewshot, every_n_val_epochs=settings.fewshot_every, plots=False,
@@ -339,12 +383,44 @@ def resolve_run_folder(settings: TrainSettings) -> contextlib.AbstractContextMan
     return run_dir(root, "", flat=True)
 
 
+def stopped_by(trainer: pl.Trainer, exit_: SystemExit) -> str:
+    """``SIGTERM`` or ``Ctrl-C``: what ended the Trainer call that exited with ``exit_``.
+
+    Lightning turns a KeyboardInterrupt into ``exit(1)`` (the interrupt is the exit's context); its own SIGTERM
+    handler, where ours is not installed, raises a ``SystemExit`` subclass and sets ``received_sigterm``.
+    """
+    sigterm = isinstance(exit_.__context__, Terminated) or bool(getattr(trainer, "received_sigterm", False))
+    return "SIGTERM" if sigterm else "Ctrl-C"
+
+
+def interruption_message(stage: str, last: Path, folder: Path, how: str, restart_from: Path | None) -> str:
+    """What a stopped training tells the user: which signal (``how``), which stage, and how to continue."""
+    if last.is_file():
+        return (f"training stopped in stage {stage} ({how}); {last} holds the last finished epoch: continue with "
+                f"resume=true run={folder.name}")
+    if restart_from is not None:
+        return (f"training stopped in stage {stage} ({how}) before its first epoch finished; resume=true "
+                f"run={folder.name} starts it again from {restart_from}")
+    return (f"training stopped in stage {stage} ({how}) before its first epoch finished: there is no checkpoint to "
+            "resume from; run the command again without resume=true")
+
+
 def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = print) -> list[StageResult]:
     """Run every configured stage; returns where each stage's checkpoints went.
 
     Everything a user can get wrong is checked before the run folder exists or a logger starts: the config,
     ``init_from``, the backbone options (the first stage's module is built) and the Trainer options.
+
+    Ctrl-C or SIGTERM at any moment raises ``KeyboardInterrupt`` (exit status 130 from the command line) with a
+    message saying how to continue; checkpoint writes finish first (:mod:`lightning_putm.signals`), so
+    ``last.ckpt`` is always a complete checkpoint of the last finished epoch.
     """
+    with sigterm_as_interrupt():
+        return _train_stages(overrides, log)
+
+
+def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[StageResult]:
+    """The body of :func:`run_train_backbone` (which holds the SIGTERM handler around it)."""
     cfg = load_train_config(overrides)
     settings = settings_from_config(cfg)
     datamodule = build_datamodule(cfg, settings)
@@ -402,25 +478,43 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
             try:
                 trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_path) if resume_path else None,
                             weights_only=True)
-            except SystemExit:
-                # Ctrl-C: Lightning shuts down and calls exit(1); last.ckpt (end of the last finished epoch) is intact
+            except MisconfigurationException as exc:  # e.g. limit_train_batches=0.001 of 11 batches: less than one
+                raise ConfigError(f"stage {stage}: the Trainer refused its options: {' '.join(str(exc).split())}") \
+                    from exc
+            except SystemExit as exc:
+                # Ctrl-C (or SIGTERM, see run_train_backbone): Lightning catches the KeyboardInterrupt, shuts down and
+                # calls exit(1); last.ckpt (end of the last finished epoch) is intact
                 if not trainer.interrupted:
                     raise
-                raise KeyboardInterrupt(f"training stopped in stage {stage}; {last} holds the last finished epoch: "
-                                        f"continue with resume=true run={folder.name}") from None
+                earlier = previous if index > 0 else None  # resume=true needs the first stage's last.ckpt
+                how = stopped_by(trainer, exc)
+                raise KeyboardInterrupt(interruption_message(stage, last, folder, how, earlier)) from None
             finally:
                 finish_logger(logger, rank_zero)
             seconds = time.perf_counter() - start
+            if not last.is_file():  # a Trainer option ended the stage before any epoch (the usual ones are refused)
+                given = ", ".join(f"{k}={v}" for k, v in settings.trainer.items())
+                raise ConfigError(f"stage {stage} ended without training an epoch, so it wrote no checkpoint; check "
+                                  f"the trainer.* options ({given})")
             callback = trainer.checkpoint_callbacks[0]  # the best-by-val/acc one when there is validation
             best = Path(callback.best_model_path) if has_val and callback.best_model_path else last
             score = float(callback.best_model_score) if has_val and callback.best_model_score is not None else None
             results.append(StageResult(stage, last, best, score, seconds))
+            if has_val and not callback.best_model_path:
+                say(f"[{stage}] no epoch computed val/acc (validation did not cover the validation episodes, e.g. "
+                    "trainer.limit_val_batches); best = last checkpoint")
             score_text = f", best val/acc {score:.2f}%" if score is not None else ""
             say(f"[{stage}] done in {seconds:.0f} s: last checkpoint {last}; best {best}{score_text}")
             previous = best
         if settings.run_test and module is not None and trainer is not None and datamodule.has_split("test"):
-            outcome = trainer.test(module, datamodule=datamodule, ckpt_path=str(results[-1].best), weights_only=True,
-                                   verbose=False)
+            try:
+                outcome = trainer.test(module, datamodule=datamodule, ckpt_path=str(results[-1].best),
+                                       weights_only=True, verbose=False)
+            except SystemExit as exc:  # Ctrl-C while testing: the training is complete
+                if not trainer.interrupted:
+                    raise
+                raise KeyboardInterrupt(f"test stopped ({stopped_by(trainer, exc)}); the training is complete, its "
+                                        f"checkpoints are in {folder}") from None
             if outcome and "test/acc" in outcome[0]:
                 t = settings.test_episodes
                 kind = "balanced" if t.alpha is None else f"Dirichlet alpha={t.alpha:g}"

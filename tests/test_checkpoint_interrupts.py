@@ -1,0 +1,207 @@
+"""Ctrl-C or SIGTERM at any point of a checkpoint save: exit 130, the last good checkpoint intact and resumable.
+
+Each case runs a small pretraining (digits, Conv-4 of width 8, 3 epochs of 4 batches, deterministic CPU mode)
+through ``train_backbone.py``'s entry point and sends the signal from inside the process at one exact point of the
+save at the end of epoch 1 (tests/helpers/interrupt_training.py lists the points), so no case depends on timing.
+It must exit 130 with the "interrupted" line and no traceback, leave no temporary file, and leave ``last.ckpt``
+readable at the epoch the point implies; ``resume=true`` must then end with exactly the weights, optimizer state
+and step count of an uninterrupted run (``torch.equal``), and with the same ``best.ckpt``.
+
+Before the fix, a SIGINT inside ``torch.save``'s stream failed the save with ``RuntimeError: unexpected pos``:
+a traceback and exit 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+import torch
+
+from helpers.cli import REPO
+from lightning_putm.checkpoints import read_checkpoint
+from lightning_putm.features import atomic_torch_save
+from lightning_putm.signals import signals_deferred
+
+HELPERS = Path(__file__).resolve().parent / "helpers"
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HELPERS.parent)]), "OMP_NUM_THREADS": "1",
+       "MKL_NUM_THREADS": "1", "WANDB_MODE": "offline", "LIGHTNING_PUTM_CONF": str(REPO / "conf")}
+EPOCHS = 3
+INTERRUPTED_EPOCH = 1  # the signal comes during the saves at the end of this epoch (a previous last.ckpt exists)
+TRAIN = ["logger=none", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
+         "trainer.accelerator=cpu", "backbone.width=8", "stages=[classifier]", f"trainer.max_epochs={EPOCHS}",
+         "trainer.limit_train_batches=4", "trainer.deterministic=true", "val_episodes.tasks=5", "run_test=false",
+         "run=r"]
+STAGE = Path("digits/conv4/r/classifier")
+
+
+class Trainings:
+    """Client of tests/helpers/interrupt_training.py: one forked training per call, imports paid once."""
+
+    def __init__(self) -> None:
+        # SIGINT as in a terminal, even where pytest was started in the background with SIGINT ignored
+        self.process = subprocess.Popen([sys.executable, str(HELPERS / "interrupt_training.py")], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, env=ENV, cwd=REPO,
+                                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        assert self.process.stdout.readline().strip() == "ready"
+
+    def run(self, folder: Path, log: Path, extra: Sequence[str] = (), **injection: object) -> tuple[int, str]:
+        """(exit status, what the run printed) of a training into ``folder``, interrupted as ``injection`` says."""
+        command = {"args": [*TRAIN, f"checkpoint_dir={folder}", *extra], "log": str(log), **injection}
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        assert answer, "interrupt_training.py died"
+        return json.loads(answer)["code"], log.read_text()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def trainings():
+    server = Trainings()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(trainings, tmp_path_factory) -> Path:
+    """The stage folder of an uninterrupted run: what every interrupted and resumed run must end with."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    code, output = trainings.run(folder, folder / "run.log")
+    assert code == 0, output[-3000:]
+    return folder / STAGE
+
+
+def assert_same_training_state(got: Path, want: Path) -> None:
+    a, b = read_checkpoint(got), read_checkpoint(want)
+    assert (a["epoch"], a["global_step"]) == (b["epoch"], b["global_step"])
+    assert a["state_dict"].keys() == b["state_dict"].keys()
+    for key in a["state_dict"]:
+        assert torch.equal(a["state_dict"][key], b["state_dict"][key]), key
+    state_a, state_b = a["optimizer_states"][0]["state"], b["optimizer_states"][0]["state"]
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:
+        for moment in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(state_a[key][moment], state_b[key][moment]), (key, moment)
+
+
+#: (signal, point, file being saved, epoch last.ckpt holds afterwards). A save that has begun is completed first:
+#: a signal anywhere inside the save of last.ckpt leaves the new one; one before it, the previous one.
+CASES = [
+    ("SIGINT", "in-write", "last.ckpt", INTERRUPTED_EPOCH),
+    ("SIGINT", "before-fsync", "last.ckpt", INTERRUPTED_EPOCH),
+    ("SIGINT", "before-rename", "last.ckpt", INTERRUPTED_EPOCH),
+    ("SIGINT", "after-rename", "last.ckpt", INTERRUPTED_EPOCH),
+    ("SIGINT", "after-save", "last.ckpt", INTERRUPTED_EPOCH),
+    ("SIGINT", "in-write", "best.ckpt", INTERRUPTED_EPOCH - 1),
+    ("SIGINT", "after-save", "best.ckpt", INTERRUPTED_EPOCH - 1),  # between best.ckpt and last.ckpt
+    ("SIGINT", "mid-epoch", "last.ckpt", INTERRUPTED_EPOCH - 1),
+    ("SIGTERM", "in-write", "last.ckpt", INTERRUPTED_EPOCH),
+    ("SIGTERM", "after-save", "best.ckpt", INTERRUPTED_EPOCH - 1),
+    ("SIGTERM", "mid-epoch", "last.ckpt", INTERRUPTED_EPOCH - 1),
+]
+
+
+@pytest.mark.parametrize(("signame", "point", "file", "kept_epoch"), CASES,
+                         ids=[f"{s}-{p}-{f.split('.')[0]}" for s, p, f, _ in CASES])
+def test_a_signal_during_a_checkpoint_save_exits_130_and_resumes_to_the_same_weights(
+        trainings, uninterrupted, tmp_path, signame, point, file, kept_epoch) -> None:
+    code, output = trainings.run(tmp_path, tmp_path / "interrupted.log", signal=signame, point=point, file=file,
+                                 epoch=INTERRUPTED_EPOCH)
+    assert f"injected {signame} at {point} of {file}" in output, output[-3000:]  # the signal was really sent
+    assert code == 130, output[-3000:]
+    how = "Ctrl-C" if signame == "SIGINT" else "SIGTERM"
+    assert "Traceback" not in output and f"interrupted: training stopped in stage classifier ({how})" in output, output
+    assert "resume=true run=r" in output
+    stage = tmp_path / STAGE
+    assert not [p.name for p in stage.iterdir() if p.name.endswith(".tmp")]  # no half-written leftovers
+    assert read_checkpoint(stage / "last.ckpt")["epoch"] == kept_epoch  # intact: the last good one
+    assert read_checkpoint(stage / "best.ckpt")["epoch"] <= INTERRUPTED_EPOCH
+
+    code, output = trainings.run(tmp_path, tmp_path / "resumed.log", extra=["resume=true"])
+    assert code == 0, output[-3000:]
+    assert_same_training_state(stage / "last.ckpt", uninterrupted / "last.ckpt")
+    best, want = read_checkpoint(stage / "best.ckpt"), read_checkpoint(uninterrupted / "best.ckpt")
+    assert best["epoch"] == want["epoch"]
+    assert all(torch.equal(best["state_dict"][k], want["state_dict"][k]) for k in want["state_dict"])
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_final_test_exits_130_with_the_training_complete(trainings, uninterrupted, tmp_path,
+                                                                              signame) -> None:
+    """After the last stage, ``run_test=true`` scores the test split: stopping it must not look like a crash."""
+    code, output = trainings.run(tmp_path, tmp_path / "interrupted.log", extra=["run_test=true", "test_episodes.tasks=5"],
+                                 signal=signame, point="in-test")
+    assert f"injected {signame} at in-test" in output, output[-3000:]
+    assert code == 130, output[-3000:]
+    how = "Ctrl-C" if signame == "SIGINT" else "SIGTERM"
+    assert f"interrupted: test stopped ({how}); the training is complete" in output and "Traceback" not in output
+    assert_same_training_state(tmp_path / STAGE / "last.ckpt", uninterrupted / "last.ckpt")
+
+
+def test_a_signal_in_the_first_epoch_says_there_is_nothing_to_resume(trainings, tmp_path) -> None:
+    code, output = trainings.run(tmp_path, tmp_path / "interrupted.log", signal="SIGINT", point="mid-epoch", epoch=0)
+    assert code == 130 and "Traceback" not in output, output[-3000:]
+    assert ("training stopped in stage classifier (Ctrl-C) before its first epoch finished: there is no checkpoint "
+            "to resume from; run the command again without resume=true") in output
+    assert not (tmp_path / STAGE / "last.ckpt").exists()
+
+
+# ------------------------------------------------------------------------------------------- the deferral itself
+@pytest.fixture
+def sigint_handler():
+    """Restore this process's SIGINT handler whatever a test installs."""
+    previous = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_deferred_signal_reaches_the_handler_in_place_once_the_block_ends(sigint_handler) -> None:
+    events: list[str] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: events.append("handler"))
+    with signals_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)  # pressed twice: delivered once
+        events.append("end of block")
+    events.append("after")
+    assert events == ["end of block", "handler", "after"]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with signals_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # an ignored signal stays ignored
+
+
+def test_ctrl_c_inside_torch_save_completes_the_file_then_raises(sigint_handler, tmp_path, monkeypatch) -> None:
+    """The bug: KeyboardInterrupt raised inside torch.save's stream came out as RuntimeError('unexpected pos')."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    real_save = torch.save
+
+    class Stream:
+        def __init__(self, handle) -> None:
+            self.handle, self.writes = handle, 0
+
+        def write(self, data) -> int:
+            self.writes += 1
+            if self.writes == 3:
+                os.kill(os.getpid(), signal.SIGINT)
+            return self.handle.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: real_save(obj, Stream(f), *a, **k))
+    path = tmp_path / "last.ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        atomic_torch_save({"w": torch.arange(10_000.0)}, path)
+    monkeypatch.undo()
+    assert torch.equal(torch.load(path, weights_only=True)["w"], torch.arange(10_000.0))
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
