@@ -25,7 +25,8 @@ import torch
 import yaml
 
 from lightning_putm.evaluation.records import Provenance
-from lightning_putm.evaluation.report import format_table, log_to_loggers, make_plots, write_report
+from lightning_putm.evaluation.report import (format_table, log_to_loggers, make_plots, precision_note, write_report,
+                                              wrote_line)
 from lightning_putm.evaluation.runner import SettingResult, evaluate_features, shard_range
 from lightning_putm.evaluation.settings import EvaluationSettings
 from lightning_putm.evaluation.store import SettingStore
@@ -146,10 +147,13 @@ class FewShotEvaluationCallback(FeatureCollector):
         remove_stale(output_dir, [*self.paths.values(), *(store.written if store is not None else [])], MANAGED_FILES)
         log_to_loggers(trainer.loggers, summaries, figures, prefix)
         say(format_table(summaries))
+        note = precision_note(summaries)
+        if note:
+            say(note)
         if any(r.oracle_prior for r in results):
             say("WARNING: rows with oracle_prior=true were given the TRUE query counts of every task "
                 "(oracle_prior=true); they are not comparable with fair results")
-        say("wrote " + ", ".join(str(p) for p in self.paths.values()))
+        say(wrote_line(self.paths, output_dir))
 
     def config_yaml_with_provenance(self, results: list[SettingResult]) -> str | None:
         """The run's config followed by a ``provenance`` block: what besides the config changed the numbers."""

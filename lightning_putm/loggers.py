@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import netrc
 import os
+import shlex
 from pathlib import Path
 from typing import Any, Callable
 
@@ -61,9 +62,10 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
 
     CSV logs go to ``save_dir/csv_name/csv_version``. A W&B run is started at once, so a missing key or an
     unreachable server is a :class:`ConfigError` before any work. W&B conventions: the run folder is
-    ``<wandb.dir>/wandb`` (default ``./wandb``, where a bare ``wandb sync`` looks), the run is named ``run_name``
-    unless ``wandb.name`` is set, ``group``/``job_type`` put the runs of one pretraining or study together, and
-    the full resolved ``config`` is the run's config (filter and group runs by any key).
+    ``<wandb.dir>/wandb`` (else ``$WANDB_DIR/wandb``, else ``./wandb``, where a bare ``wandb sync`` looks); W&B's
+    banner is silenced (``$WANDB_SILENT`` decides when set) and one line says where the run is; the run is named
+    ``run_name`` unless ``wandb.name`` is set, ``group``/``job_type`` put the runs of one pretraining or study
+    together, and the full resolved ``config`` is the run's config (filter and group runs by any key).
     """
     if kind not in LOGGERS:
         raise ConfigError(f"logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
@@ -78,10 +80,16 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
         raise ConfigError("logger=wandb but the wandb package cannot be imported; `pip install wandb` or use logger=none")
     from pytorch_lightning.loggers import WandbLogger
 
-    wandb_dir = Path(str(options.get("dir") or "."))
+    wandb_dir = wandb_root(options.get("dir"))
     wandb_dir.mkdir(parents=True, exist_ok=True)
     kwargs: dict[str, Any] = {"project": options.get("project") or "lightning-putm", "name": options.get("name") or run_name,
-                              "save_dir": str(wandb_dir), "mode": resolve_wandb_mode(options.get("mode"), log)}
+                              # absolute: W&B's service process, started once, resolves it against its own cwd
+                              "save_dir": os.path.abspath(wandb_dir),
+                              "mode": resolve_wandb_mode(options.get("mode"), log)}
+    if quiet_wandb():
+        import wandb
+
+        kwargs["settings"] = wandb.Settings(silent=True)  # its banner at start and end of every run; ours: one line
     for key, value in (("entity", options.get("entity")), ("group", options.get("group") or group),
                        ("job_type", job_type), ("config", config)):
         if value:
@@ -94,7 +102,40 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
     except Exception as exc:
         raise ConfigError(f"W&B could not start a run ({type(exc).__name__}: {exc}). Log offline with "
                           "WANDB_MODE=offline (or wandb.mode=offline), run `wandb login`, or use logger=none") from exc
+    if (line := wandb_run_line(logger.experiment)) is not None:
+        log(line)
     return logger
+
+
+def wandb_root(configured: Any) -> Path:
+    """The folder W&B puts its ``wandb/`` run folders in: ``wandb.dir``, else ``$WANDB_DIR`` (W&B's own variable,
+    which clusters and CI set), else the working directory."""
+    return Path(str(configured or os.environ.get("WANDB_DIR") or "."))
+
+
+def quiet_wandb() -> bool:
+    """W&B's console banner is silenced unless the user chose otherwise with ``$WANDB_SILENT``."""
+    return "WANDB_SILENT" not in os.environ
+
+
+#: How the one line about a W&B run starts (a study passes on these lines of its runs, and nothing else).
+WANDB_LINE = "W&B run:"
+
+
+def wandb_run_line(run: Any) -> str | None:
+    """Where the run is and, offline, how to upload it, in one line; ``None`` for a disabled run."""
+    settings = getattr(run, "settings", None)
+    if settings is None or getattr(settings, "mode", None) == "disabled":
+        return None
+    if getattr(settings, "_offline", False) or getattr(settings, "mode", None) in ("offline", "dryrun"):
+        folder = Path(str(settings.sync_dir))
+        try:
+            shown = folder.resolve().relative_to(Path.cwd().resolve())
+        except ValueError:
+            shown = folder
+        return f"{WANDB_LINE} offline in {shown} (upload with `wandb sync {shlex.quote(str(shown))}`)"
+    url = getattr(run, "url", None)
+    return f"{WANDB_LINE} {url}" if url else None
 
 
 def console(log: Callable[[str], None]) -> Callable[[str], None]:

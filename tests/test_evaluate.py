@@ -144,3 +144,31 @@ def test_sigterm_stops_a_long_evaluation_promptly(tmp_path):
     assert process.returncode == 143, stderr[-2000:]
     assert "termination signal" in stderr
     assert not (tmp_path / "results.csv").exists()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_the_console_says_when_putm_ran_in_reduced_precision(tmp_path, precision):
+    """Kills: a bf16 run printed without saying so (a user comparing with a published fp32 or other-CPU table cannot
+    tell why the second decimal differs), or the note printed for an fp32 run."""
+    lines: list[str] = []
+    run_evaluate(["tasks=2", "shots=[1]", "alphas=[2]", "progress=false", *FAST_PUTM,
+                  f"method.putm.precision={precision}", f"output_dir={tmp_path}"], log=lines.append)
+    notes = [line for line in lines if line.startswith("precision:")]
+    if precision == "bf16":
+        assert len(notes) == 1 and "putm in bf16" in notes[0] and "method.putm.precision=fp32" in notes[0]
+        assert "simpleshot" not in notes[0]
+    else:
+        assert notes == []
+
+
+def test_the_run_header_writes_values_as_they_are_typed():
+    """Kills: Python reprs in the header (``methods=['putm']``, ``force_data=True``, ``alphas [2.0, 'balanced']``),
+    which cannot be pasted back onto the command line."""
+    from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
+    from lightning_putm.jobs.evaluate import describe
+
+    cfg = load_evaluate_config(["methods=[putm,simpleshot]", "alphas=[0.5,2,balanced]", "plots=false"])
+    first, changed = describe(cfg, settings_from_config(cfg)).splitlines()
+    assert "alphas [0.5, 2, balanced]" in first and "shots [1, 5]" in first
+    assert changed == ("settings changed from the defaults: methods=[putm, simpleshot], alphas=[0.5, 2, balanced], "
+                       "plots=false")

@@ -10,6 +10,9 @@
 * Pretraining: ``train_backbone.py`` (deterministic CPU mode) is SIGKILLed at random points during training and
   restarted with ``resume=true`` until it finishes; the last checkpoint must be intact after every kill, and
   the final weights, optimizer state and step count must equal an uninterrupted run's exactly (``torch.equal``).
+* Ctrl-C: ``evaluate.py`` and a study get SIGINT right after their first finished setting (a deterministic point,
+  tests/helpers/ctrl_c.py); they must exit 130 with one ``interrupted:`` line that says how to resume, and the
+  resumed run must read that setting back instead of solving it again.
 
 Figures: ``interruptions tried: N, recovered: N; bytes lost: 0``.
 """
@@ -35,6 +38,8 @@ from lightning_putm.checkpoints import read_checkpoint
 from lightning_putm.errors import LightningPutmError
 from lightning_putm.extraction import FeatureCache
 from lightning_putm.features import STALE_TEMP_SECONDS, load_features
+from lightning_putm.jobs.evaluate import run_evaluate
+from lightning_putm.jobs.study import run_study
 from lightning_putm.jobs.train import run_train_backbone
 
 LEDGER = Ledger("interruptions", verb="recovered")
@@ -312,3 +317,77 @@ def test_two_stage_pretraining_killed_many_times_anywhere_resumes_to_identical_w
                                   from_process_start=True)
     assert_same_training_state(reference, interrupted, ["rotation", "s2m2r"])
     LEDGER.record("6 SIGKILLs + resume=true end with the uninterrupted run's weights (rotation, s2m2r)", True)
+
+
+# ------------------------------------------------------------------------------------------- Ctrl-C
+#: Two settings (simpleshot, 1-shot, alpha 2 and balanced) on the demo features: a second or two each.
+CTRL_C_EVAL = ["methods=[simpleshot]", "shots=[1]", "alphas=[2,balanced]", "tasks=3", "logger=none", "plots=false",
+               "progress=false"]
+
+
+def ctrl_c(args: list[str], cwd: Path, after: int | None) -> subprocess.CompletedProcess:
+    """tests/helpers/ctrl_c.py with SIGINT sent to itself after the ``after``-th saved setting (None: never)."""
+    env = {**ENV, "CTRL_C_AFTER_SETTINGS": str(after or 0)}
+    # a shell that starts pytest in the background hands SIGINT down as ignored: give the child the default back
+    return subprocess.run([sys.executable, str(HELPERS / "ctrl_c.py"), *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def stamp(path: Path) -> tuple[int, int]:
+    """What changes when a file is written again (atomic writes replace the inode)."""
+    info = path.stat()
+    return info.st_ino, info.st_mtime_ns
+
+
+def test_ctrl_c_in_evaluate_says_which_output_dir_resumes_and_the_resume_skips_finished_settings(tmp_path: Path):
+    stopped = ctrl_c(["evaluate", *CTRL_C_EVAL], tmp_path, after=1)  # output_dir=auto: a new run folder
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr
+    last = [line for line in stopped.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("interrupted: evaluation stopped") and "resume with output_dir=" in last, last
+    folder = tmp_path / last.rsplit("output_dir=", 1)[1]
+    assert folder.parent.parent == tmp_path / "outputs" / "evaluate"  # the auto folder, named in the message
+    first = folder / "settings" / "simpleshot-1shot-alpha_2.pt"
+    assert first.is_file() and not (folder / "settings" / "simpleshot-1shot-alpha_balanced.pt").exists()
+    assert not (folder / "results.csv").exists()
+    before = stamp(first)
+
+    lines: list[str] = []  # the resume and the uninterrupted reference run in this process (no interpreter start-up)
+    run_evaluate([*CTRL_C_EVAL, f"output_dir={folder}"], log=lines.append)
+    assert any(line.startswith("resumed 1 finished setting(s)") for line in lines), lines
+    assert stamp(first) == before  # read back, not solved and written again
+    run_evaluate([*CTRL_C_EVAL, f"output_dir={tmp_path / 'whole'}"], log=lambda _: None)
+    assert (folder / "per_task.csv").read_bytes() == (tmp_path / "whole" / "per_task.csv").read_bytes()
+    LEDGER.record("Ctrl-C in evaluate.py after 1 of 2 settings: exit 130, resumed with the named output_dir", True)
+
+
+def test_ctrl_c_in_a_study_says_rerun_and_the_rerun_keeps_the_finished_setting(tmp_path: Path):
+    import optuna
+    import yaml
+
+    spec = {"program": "evaluate.py", "name": "ctrlc", "method": "grid",
+            "metric": {"name": "fewshot/simpleshot/acc", "goal": "maximize"},
+            "parameters": {"seed": {"values": [0, 1]},
+                           **{k: {"value": v} for k, v in (a.split("=", 1) for a in CTRL_C_EVAL)}}}
+    sweep = tmp_path / "ctrlc.yaml"
+    sweep.write_text(yaml.safe_dump(spec, sort_keys=False))
+    command = ["study", str(sweep), "--dir", str(tmp_path / "study")]
+    stopped = ctrl_c(command, tmp_path, after=1)
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    last = [line for line in stopped.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("interrupted: study ctrlc stopped in run 1/2") and "re-run the same command" in last, last
+    assert f"study {sweep} --dir {tmp_path / 'study'}" in last
+    runs = list((tmp_path / "study" / "runs").iterdir())
+    assert len(runs) == 1
+    first = runs[0] / "settings" / "simpleshot-1shot-alpha_2.pt"
+    before = stamp(first)
+    storage = f"sqlite:///{tmp_path / 'study' / 'study.db'}"
+    states = [t.state for t in optuna.load_study(study_name="ctrlc", storage=storage).get_trials()]
+    assert states == [optuna.trial.TrialState.FAIL]  # not left RUNNING: the re-run need not wait for its heartbeat
+
+    lines: list[str] = []
+    run_study(command[1:], log=lines.append)  # the same command, in this process
+    assert stamp(first) == before
+    assert any("run 2/2 done" in line for line in lines), lines
+    assert len((tmp_path / "study" / "summary.csv").read_text().splitlines()) == 3  # header + both runs
+    LEDGER.record("Ctrl-C in a study after its first setting: exit 130, the re-run resumes the run in flight", True)

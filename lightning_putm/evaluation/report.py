@@ -34,6 +34,40 @@ def format_table(summaries: Sequence[Summary]) -> str:
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(b) for b in body)])
 
 
+def precision_note(summaries: Sequence[Summary]) -> str | None:
+    """One line under the table when a method computed in reduced precision (PUTM's ``precision=auto`` picks bf16
+    where the hardware multiplies bf16 natively): its last digits then differ from an fp32 run and between machines,
+    so a user comparing with a published table knows why and how to get fp32."""
+    reduced = sorted({(s.method, s.precision) for s in summaries if s.precision in ("bf16", "tf32")})
+    if not reduced:
+        return None
+    ran = ", ".join(f"{method} in {precision}" for method, precision in reduced)
+    fixes = " ".join(f"method.{method}.precision=fp32" for method in sorted({m for m, _ in reduced}))
+    return (f"precision: {ran}; the second decimal can differ from an fp32 run and between machines ({fixes} for "
+            "fp32; the default precision=auto picks bf16 where the hardware multiplies it natively)")
+
+
+def wrote_line(paths: dict[str, Path], folder: Path) -> str:
+    """What an evaluation wrote, in one short line: the folder once, then file names; figures counted, not listed
+    (each is a PNG and a PDF), e.g. ``wrote results to out/ (results.csv, per_task.csv, 3 figures in plots/)``."""
+    folder = Path(folder)
+
+    def inside(path: Path) -> str:
+        return path.relative_to(folder).as_posix() if path.is_relative_to(folder) else str(path)
+
+    names, figures = [], set()
+    for key, path in paths.items():
+        path = Path(path)
+        if key.startswith("plot_"):
+            figures.add(path.with_suffix(""))
+        else:
+            names.append(inside(path))
+    if figures:
+        where = sorted({inside(f.parent) for f in figures})
+        names.append(f"{len(figures)} figure{'s' if len(figures) != 1 else ''} in {', '.join(w + '/' for w in where)}")
+    return f"wrote results to {folder}/ ({', '.join(names)})"
+
+
 def per_task_rows(results: list[SettingResult]) -> list[dict[str, Any]]:
     """One row per (method, shot, α, task) with the task's query counts and imbalance."""
     rows = []
@@ -140,20 +174,23 @@ def make_plots(results: Sequence[SettingResult], feature_set: FeatureSet, settin
     ``{name: PNG path, name_pdf: PDF path}``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    figures = {"accuracy_vs_alpha": plots.plot_accuracy_vs_alpha([r.summary() for r in results],
-                                                                      folder / "accuracy_vs_alpha.png")}
+    dataset = plots.dataset_label(feature_set.metadata.get("source"))  # every figure names its features
+    figures = {"accuracy_vs_alpha": plots.plot_accuracy_vs_alpha(
+        [r.summary() for r in results], folder / "accuracy_vs_alpha.png", dataset=dataset, ways=settings.ways,
+        queries=settings.queries)}
     case = putm_case_study(results, feature_set, settings, task)
     if case is not None:
         where = f"{case['shots']}-shot alpha={case['alpha']} task {case['task']}"
-        alpha = "balanced" if case["alpha"] == "balanced" else rf"$\alpha$ = {case['alpha']}"
-        typeset = f"{case['shots']}-shot, {alpha}, task {case['task']}"
+        typeset = plots.task_caption(case["shots"], case["alpha"], case["task"], dataset, settings.ways,
+                                     settings.queries)
         figures["putm_query_counts"] = plots.plot_query_counts(
             case["true_counts"], case["estimated_counts"], folder / "putm_query_counts.png",
-            class_names=case["class_names"], title=f"PUTM class-count estimate, {typeset}")
+            class_names=case["class_names"], title=f"PUTM class-count estimate\n{typeset}")
         figures["putm_tsne"] = plots.plot_prototype_tsne(
             case["queries"], case["query_labels"], case["initial_prototypes"], case["refined_prototypes"],
             folder / "putm_tsne.png", support=case["support"], support_labels=case["support_labels"],
-            seed=settings.seed, title=f"PUTM prototypes, {typeset}", class_names=case["class_names"])
+            seed=settings.seed, title=f"PUTM prototypes (queries coloured by their true class)\n{typeset}",
+            class_names=case["class_names"])
         estimate = ", ".join(f"{e:.1f}" for e in case["estimated_counts"])
         log(f"PUTM case study ({where}): true query counts {case['true_counts']}, estimated [{estimate}]")
     # every file of each figure (the PDF next to the PNG), so a re-run's stale-file cleanup keeps them

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shlex
+import signal
 import warnings
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +20,9 @@ from omegaconf import DictConfig
 from pytorch_lightning.utilities import rank_zero_only
 
 from lightning_putm.callbacks import FewShotEvaluationCallback
-from lightning_putm.config import build_trainer, changed_keys, to_container, to_yaml
+from lightning_putm.config import build_trainer, changed_keys, command_line_value, to_container, to_yaml
+from lightning_putm.errors import ConfigError
+from lightning_putm.evaluation.progress import extraction_bar
 from lightning_putm.evaluation.runner import SettingResult
 from lightning_putm.evaluation.settings import (RUN_ROOT, EvaluationSettings, load_evaluate_config,
                                                 settings_from_config)
@@ -29,9 +33,9 @@ from lightning_putm.runs import run_dir
 
 def build_evaluation_trainer(settings: EvaluationSettings, callback: FewShotEvaluationCallback) -> Any:
     """A Trainer for the test loop (no logger yet): ``trainer.*`` options plus what evaluation fixes itself."""
-    return build_trainer(settings.trainer, logger=False, callbacks=[callback], enable_checkpointing=False,
-                         inference_mode=False, enable_progress_bar=settings.progress, enable_model_summary=False,
-                         default_root_dir=str(settings.output_dir or RUN_ROOT))
+    return build_trainer(settings.trainer, logger=False, callbacks=[callback, *extraction_bar(settings.progress)],
+                         enable_checkpointing=False, inference_mode=False, enable_progress_bar=settings.progress,
+                         enable_model_summary=False, default_root_dir=str(settings.output_dir or RUN_ROOT))
 
 
 @contextlib.contextmanager
@@ -46,16 +50,33 @@ def output_folder(settings: EvaluationSettings) -> Iterator[Path]:
 
 
 def describe(cfg: DictConfig, settings: EvaluationSettings) -> str:
-    """What the console shows of the config: every key that differs from the defaults (all with verbose=true)."""
+    """What the console shows of the config: the keys the user set (all of them with verbose=true).
+
+    The baseline is the config the run would have without the user's settings: with a checkpoint, its recorded
+    data (dataset group and settings) are defaults, not changes; a dataset named on purpose (``data=`` with
+    ``force_data=true``) is listed as ``data=<name>``, its group's own values are not.
+    """
     if settings.verbose:
         return "effective config:\n" + to_yaml(cfg)
-    changed = changed_keys(load_evaluate_config([]), cfg)
+    defaults = load_evaluate_config([])
+    source = [f"checkpoint={cfg.checkpoint}"] if settings.checkpoint is not None else []
+    try:
+        baseline = load_evaluate_config(source)  # the checkpoint's data and its recorded settings
+    except ConfigError:  # a path that does not read back as YAML: compare with the plain defaults
+        source, baseline = [], defaults.copy()
+    dataset = str(cfg.data.name)
+    named = {"data": dataset} if dataset != str(baseline.data.name) else {}
+    if named:
+        baseline = load_evaluate_config([*source, f"data={dataset}", "force_data=true"])
+    baseline.checkpoint, baseline.force_data = defaults.checkpoint, defaults.force_data  # the user's, if set
+    changed = {**named, **changed_keys(baseline, cfg)}
     methods = ", ".join(settings.methods)
-    lines = [f"evaluate: {methods} | {settings.ways}-way, shots {settings.shots}, alphas "
-             f"{['balanced' if a is None else a for a in settings.alphas]}, {settings.tasks} tasks per setting, "
-             f"{settings.queries} queries | {settings.features}"]
-    if changed:
-        lines.append("settings changed from the defaults: " + ", ".join(f"{k}={v}" for k, v in changed.items()))
+    alphas = command_line_value(["balanced" if a is None else f"{a:g}" for a in settings.alphas])
+    lines = [f"evaluate: {methods} | {settings.ways}-way, shots {command_line_value(settings.shots)}, alphas {alphas}, "
+             f"{settings.tasks} tasks per setting, {settings.queries} queries | {settings.features}"]
+    if changed:  # written as typed on the command line: methods=[putm, simpleshot], force_data=true
+        lines.append("settings changed from the defaults: "
+                     + ", ".join(f"{k}={command_line_value(v)}" for k, v in changed.items()))
     return "\n".join(lines)
 
 
@@ -88,7 +109,26 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
         try:
             if logger:
                 trainer.logger = logger
-            trainer.test(module, datamodule=datamodule, verbose=False)
+            run_test_loop(trainer, module, datamodule, folder)
         finally:  # also after an error: a W&B run left open would swallow the next run's logs in this process
             finish_logger(logger, rank_zero)
     return callback.results
+
+
+def run_test_loop(trainer: Any, module: Any, datamodule: Any, folder: Path) -> None:
+    """``trainer.test``, with Ctrl-C turned back into a :class:`KeyboardInterrupt` that says how to resume.
+
+    Lightning catches Ctrl-C itself, ignores SIGINT from then on and calls ``exit(1)``: the command would end
+    silently with a generic error code, and a study running it would never learn that its run was interrupted.
+    Every setting finished before the interruption is already on disk (:mod:`~lightning_putm.evaluation.store`).
+    """
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        trainer.test(module, datamodule=datamodule, verbose=False)
+    except SystemExit:
+        if not trainer.interrupted:
+            raise
+        if handler is not None:  # Lightning left SIGINT ignored: a second Ctrl-C must still stop this process
+            signal.signal(signal.SIGINT, handler)
+        raise KeyboardInterrupt(f"evaluation stopped; the settings finished so far are kept in {folder}/settings: "
+                                f"resume with output_dir={shlex.quote(str(folder))}") from None

@@ -1,0 +1,101 @@
+"""Console progress of evaluations and studies: a bar on a terminal, plain lines anywhere else.
+
+A progress bar redraws one line with carriage returns. Written into a pipe or a log file (``| tee``, a cluster's
+job log) it leaves fragments mixed with the results table, so bars are drawn only when stderr (where they go) is
+a terminal; elsewhere each finished unit of work (a setting, a study run) is one plain line with the elapsed
+time and an estimate of the time left.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, TextIO
+
+from pytorch_lightning.callbacks import TQDMProgressBar
+from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm, convert_inf
+
+
+def on_terminal(stream: TextIO | None = None) -> bool:
+    """Whether ``stream`` (default: stderr, where bars are drawn) is an interactive terminal."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def format_duration(seconds: float) -> str:
+    """``m:ss`` or ``h:mm:ss``: the way tqdm shows times, so bar and plain lines read alike."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class Eta:
+    """Elapsed time and time left of ``total`` units of work, from the pace of the units *solved* so far.
+
+    Units read back from disk (a resumed setting, a finished run) take no time; counting them in the pace would
+    promise far too short a wait, so they only shrink what is left.
+    """
+
+    def __init__(self, total: float, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.total, self.clock = total, clock
+        self.started = clock()
+        self.done = 0.0  # solved or read back
+        self.solved = 0.0
+
+    def advance(self, units: float, solved: bool = True) -> None:
+        self.done += units
+        if solved:
+            self.solved += units
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock() - self.started
+
+    @property
+    def left(self) -> float | None:
+        """Seconds still to go, ``None`` until something was solved."""
+        if self.solved <= 0:
+            return None
+        return self.elapsed / self.solved * max(0.0, self.total - self.done)
+
+    def text(self) -> str:
+        """``elapsed 0:40, ETA 1:20`` (``ETA unknown`` before the first solved unit)."""
+        left = self.left
+        return f"elapsed {format_duration(self.elapsed)}, ETA " + ("unknown" if left is None else format_duration(left))
+
+
+class ExtractionBar(TQDMProgressBar):
+    """Lightning's test-loop bar, kept only where it means something: the batches of a feature extraction.
+
+    The few-shot evaluation runs at the end of the test loop, so the stock bar (``Testing DataLoader 0: 100% 1/1``)
+    would sit under the results for the whole evaluation. This one is named for what it counts, is drawn only on
+    a terminal and for more than one batch (a feature file is replayed as one), and is gone once the last batch is
+    done, before the evaluation's own bar (tasks, ETA) starts.
+    """
+
+    def init_test_tqdm(self) -> Tqdm:
+        batches = sum(2 if n == float("inf") else int(n) for n in self.trainer.num_test_batches)
+        return Tqdm(desc="extracting features", position=2 * self.process_position, leave=False, dynamic_ncols=True,
+                    file=sys.stderr, bar_format=self.BAR_FORMAT,
+                    disable=self.is_disabled or batches <= 1 or not on_terminal())
+
+    def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int,
+                            dataloader_idx: int = 0) -> None:
+        if self.has_dataloader_changed(dataloader_idx):  # Lightning's version would draw "Testing DataLoader 0"
+            self.test_progress_bar.reset(total=convert_inf(self.total_test_batches_current_dataloader))
+
+    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
+        super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
+        total = self.test_progress_bar.total
+        if total is not None and batch_idx + 1 >= total:
+            self.test_progress_bar.close()  # cleared (leave=False) before the evaluation prints anything
+
+
+def extraction_bar(progress: bool) -> list[ExtractionBar]:
+    """The callbacks to give a Trainer whose ``enable_progress_bar=progress``: the bar above, or none."""
+    return [ExtractionBar()] if progress else []
