@@ -428,3 +428,51 @@ def test_wandb_gets_the_pngs_and_not_the_pdfs(tmp_path: Path, monkeypatch) -> No
                  "fewshot")
     assert images == [str(png)]
     assert "fewshot/plots/counts" in logged[0] and "fewshot/plots/counts_pdf" not in logged[0]
+
+
+# ------------------------------------------------------------------------------------------ what a figure says
+
+
+def test_accuracy_vs_alpha_title_names_features_task_shape_tasks_and_the_bars() -> None:
+    # kills: a figure that, seen alone, does not say what it measured or what its bars are
+    figure = _accuracy_vs_alpha_figure(summary_rows(shots=(1, 5)), dataset="omniglot/test (best.ckpt)", ways=5,
+                                       queries=75)
+    title = figure._suptitle.get_text()
+    assert title.splitlines() == ["omniglot/test (best.ckpt): 5-way, 75 queries, 100 tasks per point",
+                                  "mean accuracy over the tasks; bars: 95% CI"]
+    rows = summary_rows(shots=(1,))
+    rows[0]["tasks"] = 20
+    assert "20–100 tasks per point" in _accuracy_vs_alpha_figure(rows)._suptitle.get_text()
+    assert _accuracy_vs_alpha_figure(summary_rows(shots=(1,)), title="")._suptitle is None
+
+
+def test_case_study_captions_and_dataset_labels() -> None:
+    from lightning_putm.evaluation.plots import dataset_label, task_caption
+
+    assert dataset_label("/runs/x/best.ckpt on omniglot/test") == "omniglot/test (best.ckpt)"
+    assert dataset_label("/data/features/novel.pt") == "novel.pt"
+    assert dataset_label("sklearn.datasets.load_digits") == "sklearn.datasets.load_digits"
+    assert dataset_label(None) is None
+    assert task_caption(1, "2", 0, "omniglot/test (best.ckpt)", 5, 75) == \
+        r"omniglot/test (best.ckpt): 5-way 1-shot, 75 queries, $\alpha$ = 2, task 0"
+    assert task_caption(5, "balanced", 3) == "5-shot, balanced, task 3"
+
+
+def test_tsne_queries_are_coloured_by_their_true_class_and_the_legend_says_so() -> None:
+    # kills: colouring queries by anything but the labels given, or a legend silent on what colour and marker mean
+    from matplotlib.colors import to_rgba_array
+
+    from lightning_putm.evaluation.plots import QUERY_LEGEND, _prototype_tsne_figure, class_colours, legend_labels
+
+    queries, labels, support, refined = tiny_task()
+    figure = _prototype_tsne_figure(queries, labels, support, refined, support=support,
+                                    support_labels=torch.arange(5))
+    expected = to_rgba_array(class_colours(5))[labels.numpy()][:, :3]
+    for ax in figure.get_axes():
+        query_points = ax.collections[0]  # drawn first: the queries
+        assert len(query_points.get_offsets()) == len(labels)
+        np.testing.assert_allclose(query_points.get_facecolors()[:, :3], expected)
+    texts = legend_labels(figure)
+    assert QUERY_LEGEND in texts and "true class" in QUERY_LEGEND
+    assert {"support sample", "prototype (left: support mean; right: refined)",
+            "support mean, before (right)"} <= set(texts)

@@ -39,7 +39,8 @@ from lightning_putm.evaluation.records import Summary, as_summaries
 from lightning_putm.methods import method_display_name
 
 __all__ = ["paper_style", "method_styles", "class_labels", "class_colours", "legend_labels", "figure_paths",
-           "plot_accuracy_vs_alpha", "plot_query_counts", "plot_prototype_tsne"]
+           "dataset_label", "protocol_text", "task_caption", "plot_accuracy_vs_alpha", "plot_query_counts",
+           "plot_prototype_tsne"]
 
 BALANCED = "balanced"
 #: Raster resolution of the PNGs (print quality); the PDF/SVG are vector and resolution-free.
@@ -51,6 +52,9 @@ SUPPORTED_FORMATS: tuple[str, ...] = ("png", "pdf", "svg")
 SINGLE_COLUMN_INCHES = 3.4
 DOUBLE_COLUMN_INCHES = 7.0
 EXACT_TSNE_MAX_POINTS = 500
+
+#: The t-SNE legend entry of the queries: the colour is the query's true class, not a prediction.
+QUERY_LEGEND = "query (colour: its true class)"
 
 # gid prefixes of the artists that carry data (lets tests and callers find them among decoration lines)
 ALPHA_LINE_GID = "alpha-line"
@@ -204,6 +208,49 @@ def _column_width(width: str | float, wide: bool) -> float:
     raise ValueError(f"figure width must be 'auto', 'single', 'double' or inches, got {width!r}")
 
 
+# ---------------------------------------------------------------------------------------------------- captions
+# A figure seen alone (a slide, a W&B panel, a README) must say what it measured: the features it was computed
+# on, the task shape, how many tasks stand behind each point and what the bars are.
+
+
+def dataset_label(source: str | None) -> str | None:
+    """A short name of a feature source: ``/runs/x/best.ckpt on omniglot/test`` → ``omniglot/test (best.ckpt)``,
+    a feature file by its file name, anything else as it is."""
+    if not source:
+        return None
+    text = str(source)
+    if " on " in text:
+        checkpoint, _, data = text.rpartition(" on ")
+        return f"{data} ({Path(checkpoint).name})"
+    return Path(text).name if ("/" in text or "\\" in text) else text
+
+
+def protocol_text(ways: int | None = None, queries: int | None = None, tasks: Sequence[int] = ()) -> str:
+    """``5-way, 75 queries, 1000 tasks per point`` (each part only when known; ``100–1000`` when tasks differ)."""
+    parts = []
+    if ways:
+        parts.append(f"{ways}-way")
+    if queries:
+        parts.append(f"{queries} queries")
+    known = sorted({int(t) for t in tasks if t})
+    if known:
+        count = str(known[0]) if len(known) == 1 else f"{known[0]}–{known[-1]}"
+        parts.append(f"{count} task{'s' if known[-1] != 1 else ''} per point")
+    return ", ".join(parts)
+
+
+def task_caption(shots: int, alpha: str, task: int, dataset: str | None = None, ways: int | None = None,
+                 queries: int | None = None) -> str:
+    """The line naming one task of a case-study figure: ``omniglot/test (best.ckpt): 5-way 1-shot, 75 queries,
+    α = 1, task 0``."""
+    shape = f"{ways}-way {shots}-shot" if ways else f"{shots}-shot"
+    if queries:
+        shape += f", {queries} queries"
+    imbalance = "balanced" if alpha == BALANCED else rf"$\alpha$ = {alpha}"
+    text = f"{shape}, {imbalance}, task {task}"
+    return f"{dataset}: {text}" if dataset else text
+
+
 # ---------------------------------------------------------------------------------------------------- saving
 
 
@@ -279,7 +326,7 @@ def _parse_accuracy_rows(rows: Sequence[Summary | Mapping[str, Any]]) -> list[di
     seen: set[tuple[str, bool, int, float | None]] = set()
     for index, summary in enumerate(as_summaries(rows)):
         item = {"key": (summary.method, summary.oracle_prior), "shots": summary.shots, "alpha": summary.alpha,
-                "accuracy": summary.accuracy, "ci95": summary.ci95}
+                "accuracy": summary.accuracy, "ci95": summary.ci95, "tasks": summary.tasks}
         if (*item["key"], item["shots"], item["alpha"]) in seen:
             raise ValueError(f"row {index}: duplicate result for method={summary.label!r}, shots={item['shots']}, "
                              f"alpha={summary.alpha_label}")
@@ -288,8 +335,13 @@ def _parse_accuracy_rows(rows: Sequence[Summary | Mapping[str, Any]]) -> list[di
     return parsed
 
 
-def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width: str | float = "auto") -> Figure:
+def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width: str | float = "auto",
+                              dataset: str | None = None, ways: int | None = None, queries: int | None = None,
+                              title: str | None = None) -> Figure:
     """Build (without saving) the accuracy-vs-α figure: one panel per shot, one marker-and-line per method.
+
+    The title says what stands behind the points: the features (``dataset``), the task shape, the tasks per point
+    (the rows' ``tasks``) and that the bars are 95% CIs; ``title`` replaces its first line, ``""`` drops it.
 
     Numeric α values sit at evenly spaced positions (the paper's α grid spans orders of magnitude, so category
     spacing reads better than a linear axis); ``balanced`` gets its own position to the right, behind a dotted
@@ -355,11 +407,17 @@ def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width
                           markerfacecolor=styles[k].colour if styles[k].filled else "white",
                           label=display_label(*k)) for k in keys]
         figure.legend(handles=handles, loc="outside lower center", ncols=columns)
+        if title != "":
+            protocol = protocol_text(ways, queries, [item["tasks"] for item in parsed])
+            first = title or ": ".join(p for p in (dataset, protocol) if p) or "Accuracy against query imbalance"
+            figure.suptitle(f"{first}\nmean accuracy over the tasks; bars: 95% CI")
     return figure
 
 
 def plot_accuracy_vs_alpha(rows: Sequence[Summary | Mapping[str, Any]], path: str | os.PathLike[str],
-                           formats: Sequence[str] = DEFAULT_FORMATS, width: str | float = "auto") -> Path:
+                           formats: Sequence[str] = DEFAULT_FORMATS, width: str | float = "auto",
+                           dataset: str | None = None, ways: int | None = None, queries: int | None = None,
+                           title: str | None = None) -> Path:
     """Accuracy (mean with 95% CI error bars) against the Dirichlet α of the query imbalance, per method and shot.
 
     Reproduces the robustness-to-imbalance figure of Tian et al., ICCV 2023: methods that assume a uniform class
@@ -367,10 +425,12 @@ def plot_accuracy_vs_alpha(rows: Sequence[Summary | Mapping[str, Any]], path: st
     rows of results.csv (``method``, ``shots``, ``alpha`` — a number or ``"balanced"`` —, ``accuracy``, ``ci95``;
     strings are accepted); a truthy ``oracle_prior`` column marks the method as such. ``path`` ends in ``.png``,
     ``.pdf`` or ``.svg``; the other ``formats`` are written next to it. ``width``: ``"auto"`` (one column for one
-    shot, two columns for several), ``"single"``, ``"double"`` or inches. Returns ``path``.
+    shot, two columns for several), ``"single"``, ``"double"`` or inches. The title names ``dataset`` (see
+    :func:`dataset_label`), ``ways``, ``queries``, the tasks per point and that the bars are 95% CIs; ``title``
+    replaces its first line and ``title=""`` drops it (for a paper, where the caption says it). Returns ``path``.
     """
     paths = figure_paths(path, formats)
-    return _save(_accuracy_vs_alpha_figure(rows, width), paths)
+    return _save(_accuracy_vs_alpha_figure(rows, width, dataset, ways, queries, title), paths)
 
 
 # ------------------------------------------------------------------------------------ class names of a task
@@ -598,15 +658,17 @@ def _prototype_tsne_figure(queries: Any, query_labels: Any, initial_prototypes: 
             after.annotate("", xy=tuple(e1[k]), xytext=tuple(e0[k]),
                            arrowprops={"arrowstyle": "->", "color": colours[k], "linewidth": 0.7,
                                        "shrinkA": 3, "shrinkB": 5})
+        # marker = kind of point, colour = class; queries are coloured by their TRUE class (the labels given),
+        # not by a method's prediction, so a query of another colour inside a cluster is a hard query
         kinds = [Line2D([], [], linestyle="", marker="o", markersize=3.5, color="0.45", markeredgewidth=0,
-                        label="query")]
+                        label=QUERY_LEGEND)]
         if n_s:
             kinds.append(Line2D([], [], linestyle="", marker="s", markersize=3.5, color="0.45",
-                                markeredgecolor="black", markeredgewidth=0.4, label="support"))
+                                markeredgecolor="black", markeredgewidth=0.4, label="support sample"))
         kinds += [Line2D([], [], linestyle="", marker="*", markersize=8, color="0.45", markeredgecolor="black",
-                         markeredgewidth=0.6, label="prototype"),
+                         markeredgewidth=0.6, label="prototype (left: support mean; right: refined)"),
                   Line2D([], [], linestyle="", marker="*", markersize=7, markerfacecolor="none",
-                         markeredgecolor="0.45", markeredgewidth=0.6, label="support mean (before)")]
+                         markeredgecolor="0.45", markeredgewidth=0.6, label="support mean, before (right)")]
         classes = [Line2D([], [], linestyle="", marker="o", markersize=4.5, color=colours[k], markeredgewidth=0,
                           label=labels[k]) for k in range(n_c)]
         # one legend: the marker kinds on the first row, the classes (same labels and colours as the count

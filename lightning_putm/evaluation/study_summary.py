@@ -1,20 +1,70 @@
-"""One summary of a study (a sweep run by :mod:`lightning_putm.jobs.study`): a table and a figure.
+"""One summary of a study (a sweep run by :mod:`lightning_putm.jobs.study`): a table and a figure, with intervals.
 
-``summary.csv`` has one row per finished point (its swept values, the metric, every setting's accuracy and the run
-folder); ``summary.md`` is the same table sorted by the metric, best first; ``summary.pdf``/``summary.png`` draw
-the metric against each swept parameter: for every value the mean over the other parameters' values, with a bar
-from their worst to their best and the best point marked, as in the sensitivity figures of few-shot papers.
+At 10 tasks per setting a ±5–9 point zig-zag between sweep points is noise, so every number of the summary comes
+with its 95% confidence interval and next to SimpleShot (nearest class mean, the baseline every transductive
+method has to beat), whenever the runs evaluated it:
+
+``summary.csv``
+    one row per finished point: its swept values, the metric, ``<metric>_ci95``, how that CI was obtained,
+    SimpleShot's value of the same metric with its CI, the tasks per setting, every setting's accuracy ± CI and
+    the run folder;
+``summary.md``
+    the same table sorted by the metric (best first), with notes on how the CIs are combined and on the baseline
+    (or a note that SimpleShot was not evaluated and how to add it);
+``summary.pdf``/``summary.png``
+    the metric against each swept parameter with 95% CI error bars, SimpleShot as a dashed line with its CI band,
+    the best run starred; the legend lists exactly what is drawn.
+
+How the 95% CI of a point's metric is obtained (half-widths in accuracy points, as in ``results.csv``):
+
+* one setting (``fewshot/<m>/<k>shot/alpha_<a>/acc``): that setting's CI, ``1.96·sd/√T`` over its T tasks;
+* the mean over the run's settings (``fewshot/<m>/acc``): from the run's ``per_task.csv``, the per-task mean over
+  the settings, then ``1.96·sd/√T`` of those T means. Every setting's episode bank is drawn from the same seed,
+  so the settings' tasks are paired by index and correlated; averaging per task first accounts for that. Without
+  ``per_task.csv`` (or with unequal task counts) it falls back to the mean of the settings' CIs, an upper bound
+  whatever the correlation (``sd(ΣX/n) ≤ Σsd(X)/n``);
+* a worst margin (``fewshot/<m>/worst_gain_over_<o>``): the paired per-task difference of the two methods at the
+  setting where the margin is smallest (the CI of that setting's margin; choosing the minimum is not accounted
+  for); without ``per_task.csv``, the sum of the two methods' CIs there (again an upper bound).
+
+In the figure, a swept value shared by several points (other parameters swept too) shows the mean of their metrics
+with the mean of their CIs: an upper bound, since the points share their tasks (same seed) and are correlated.
 """
 
 from __future__ import annotations
 
+import csv
+import math
 import os
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from lightning_putm.evaluation.report import write_csv
+
+#: The baseline drawn next to every study's metric when the runs evaluated it.
+BASELINE = "simpleshot"
+BASELINE_NAME = "SimpleShot"
+#: ``summary.csv`` columns of SimpleShot's value of the study's metric and its CI.
+BASELINE_COLUMN = f"{BASELINE}_baseline"
+Z95 = 1.96
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point's value of a metric with its 95% CI half-width (``None``: the run's records cannot give one)."""
+
+    value: float
+    ci95: float | None
+    how: str  # how the CI was obtained, in words (a CSV column and the summary's note)
+    tasks: int | None = None  # tasks per setting behind it
+    setting: str = ""  # for a worst margin: the setting it was taken at
+
+    @property
+    def described(self) -> str:
+        """``how`` with the setting, as the CSV records it."""
+        return f"{self.how} ({self.setting})" if self.setting else self.how
 
 
 @dataclass
@@ -26,13 +76,144 @@ class StudyRow:
     key: str
     output_dir: str = ""
     settings: list[dict[str, Any]] = field(default_factory=list)  # {method, shots, alpha, accuracy, ci95}
+    interval: Interval | None = None  # the metric with its 95% CI (see the module docstring)
+    baseline: Interval | None = None  # SimpleShot's value of the same metric at this point, with its CI
+
+    @property
+    def ci95(self) -> float | None:
+        return None if self.interval is None else self.interval.ci95
+
+
+# --------------------------------------------------------------------------------------------- intervals
+
+
+def read_per_task(output_dir: str | os.PathLike[str]) -> dict[tuple[str, str, str], list[float]] | None:
+    """Per-task accuracies (percent) of a run's ``per_task.csv`` by ``(method, shots, alpha)``, in task order;
+    ``None`` when the file is missing or lacks the columns."""
+    path = Path(output_dir) / "per_task.csv" if output_dir else None
+    if path is None or not path.is_file():
+        return None
+    accuracies: dict[tuple[str, str, str], list[tuple[int, float]]] = defaultdict(list)
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            try:
+                key = (row["method"], str(row["shots"]), row["alpha"])
+                accuracies[key].append((int(row["task"]), 100.0 * float(row["accuracy"])))
+            except (KeyError, TypeError, ValueError):
+                return None
+    return {key: [value for _, value in sorted(values)] for key, values in accuracies.items()}
+
+
+def mean_ci95(values: Sequence[float]) -> float:
+    """``1.96·sd/√T`` (sample sd; 0 for one value), the CI every evaluation reports."""
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return Z95 * math.sqrt(variance) / math.sqrt(len(values))
+
+
+def metric_interval(settings: Sequence[Mapping[str, Any]], per_task: Mapping[tuple[str, str, str], list[float]] | None,
+                    method: str | None = None, shots: str | None = None, alpha: str | None = None,
+                    gainer: str | None = None, other: str | None = None) -> Interval | None:
+    """A run's value of a study metric with its 95% CI, from the run's per-setting records and ``per_task.csv``.
+
+    The keyword arguments are the named groups of the study's metric pattern: ``method`` (with ``shots`` and
+    ``alpha`` for one setting) for an accuracy, ``gainer`` and ``other`` for a worst margin. ``None`` when the
+    run has no setting of that method.
+    """
+    if gainer:
+        return _gain_interval(settings, per_task, gainer, str(other))
+    chosen = [s for s in settings if s["method"] == method
+              and (shots is None or (str(s["shots"]) == str(shots) and str(s["alpha"]) == str(alpha)))]
+    if not chosen:
+        return None
+    value = sum(float(s["accuracy"]) for s in chosen) / len(chosen)
+    lists = [(per_task or {}).get(_key(s)) for s in chosen]
+    sizes = {len(v) for v in lists if v is not None}
+    tasks = sizes.pop() if len(sizes) == 1 and all(v is not None for v in lists) else None
+    if len(chosen) == 1:
+        return Interval(value, float(chosen[0]["ci95"]), "the setting's CI over its tasks", tasks)
+    if tasks is not None and tasks >= 2:
+        means = [sum(v[t] for v in lists) / len(lists) for t in range(tasks)]  # type: ignore[index]
+        return Interval(value, mean_ci95(means),
+                        f"per-task mean over the {len(chosen)} settings (tasks paired by index)", tasks)
+    return Interval(value, sum(float(s["ci95"]) for s in chosen) / len(chosen),
+                    f"mean of the {len(chosen)} settings' CIs (upper bound; per_task.csv missing or unequal)", tasks)
+
+
+def _gain_interval(settings: Sequence[Mapping[str, Any]], per_task: Mapping[tuple[str, str, str], list[float]] | None,
+                   gainer: str, other: str) -> Interval | None:
+    if gainer == other:
+        return Interval(0.0, 0.0, f"{gainer} against itself")
+    mine = {(str(s["shots"]), str(s["alpha"])): s for s in settings if s["method"] == gainer}
+    theirs = {(str(s["shots"]), str(s["alpha"])): s for s in settings if s["method"] == other}
+    shared = [k for k in mine if k in theirs]
+    if not shared:
+        return None
+    worst = min(shared, key=lambda k: float(mine[k]["accuracy"]) - float(theirs[k]["accuracy"]))
+    a, b = mine[worst], theirs[worst]
+    value = float(a["accuracy"]) - float(b["accuracy"])
+    where = f"{worst[0]}-shot alpha={worst[1]}"
+    first, second = (per_task or {}).get(_key(a)), (per_task or {}).get(_key(b))
+    if first is not None and second is not None and len(first) == len(second) >= 2:
+        differences = [x - y for x, y in zip(first, second)]
+        return Interval(value, mean_ci95(differences), "paired per-task difference at the worst setting",
+                        len(first), where)
+    return Interval(value, float(a["ci95"]) + float(b["ci95"]),
+                    "sum of the two CIs at the worst setting (upper bound; no per_task.csv)", setting=where)
+
+
+def baseline_parts(parts: Mapping[str, str | None]) -> dict[str, str | None] | None:
+    """The metric parts of SimpleShot's value of the same metric, or ``None`` when the metric is SimpleShot's own
+    accuracy or a margin over SimpleShot (whose baseline is 0 by definition: see :func:`margin_over_baseline`)."""
+    if parts.get("gainer"):
+        if parts["gainer"] == BASELINE or parts.get("other") == BASELINE:
+            return None
+        return {**parts, "gainer": BASELINE}
+    if parts.get("method") == BASELINE:
+        return None
+    return {**parts, "method": BASELINE}
+
+
+def margin_over_baseline(parts: Mapping[str, str | None]) -> bool:
+    """The metric is a margin over SimpleShot: 0 is SimpleShot's level."""
+    return bool(parts.get("gainer")) and parts.get("other") == BASELINE
+
+
+def with_intervals(row: StudyRow, parts: Mapping[str, str | None]) -> StudyRow:
+    """``row`` with its metric's 95% CI and SimpleShot's value of the same metric (when the run evaluated it),
+    read from its settings and its ``per_task.csv``. ``parts``: the named groups of the study's metric pattern."""
+    per_task = read_per_task(row.output_dir)
+    arguments = {k: parts.get(k) for k in ("method", "shots", "alpha", "gainer", "other")}
+    interval = metric_interval(row.settings, per_task, **arguments)
+    baseline = None
+    other = baseline_parts(arguments)
+    if other is not None and any(s["method"] == BASELINE for s in row.settings):
+        baseline = metric_interval(row.settings, per_task, **other)
+    return replace(row, interval=interval, baseline=baseline)
+
+
+# --------------------------------------------------------------------------------------------- tables
+
+
+def ci_column(metric: str) -> str:
+    return f"{metric}_ci95"
 
 
 def summary_rows(rows: Sequence[StudyRow], metric: str) -> list[dict[str, Any]]:
-    """CSV rows: swept values, the metric, then ``<method>/<k>shot/alpha_<a>`` accuracy ± CI, then the run folder."""
+    """CSV rows: swept values, the metric with its 95% CI and how it was obtained, SimpleShot's value of the same
+    metric with its CI (blank when not evaluated), tasks per setting, every ``<method>/<k>shot/alpha_<a>``
+    accuracy ± CI, then the run folder."""
     out = []
     for row in rows:
         record: dict[str, Any] = {**{k: _text(v) for k, v in row.point.items()}, metric: f"{row.metric:.4f}"}
+        interval, base = row.interval, row.baseline
+        record[ci_column(metric)] = _number(interval.ci95 if interval else None)
+        record["ci95_method"] = interval.described if interval else "no per-setting records"
+        record[BASELINE_COLUMN] = _number(base.value if base else None)
+        record[f"{BASELINE_COLUMN}_ci95"] = _number(base.ci95 if base else None)
+        record["tasks"] = _text(interval.tasks if interval and interval.tasks else _tasks(row))
         for s in row.settings:
             record[f"{s['method']}/{s['shots']}shot/alpha_{s['alpha']}"] = f"{s['accuracy']:.2f} ± {s['ci95']:.2f}"
         record["output_dir"] = row.output_dir
@@ -41,74 +222,211 @@ def summary_rows(rows: Sequence[StudyRow], metric: str) -> list[dict[str, Any]]:
 
 
 def markdown_table(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence[str]) -> str:
-    """The finished points as a markdown table, best first."""
+    """The finished points as a markdown table, best first: metric ± 95% CI and, when evaluated, SimpleShot's."""
     ordered = sorted(rows, key=lambda r: r.metric, reverse=goal == "maximize")
-    header = [*swept, metric]
+    with_baseline = any(r.baseline is not None for r in rows)
+    header = [*swept, f"{metric} (± 95% CI)"] + ([f"{BASELINE_NAME} (± 95% CI)"] if with_baseline else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in ordered:
-        lines.append("| " + " | ".join([*(_text(row.point.get(k)) for k in swept), f"{row.metric:.2f}"]) + " |")
+        cells = [*(_text(row.point.get(k)) for k in swept), _plus_minus(row.metric, row.ci95)]
+        if with_baseline:
+            cells.append(_plus_minus(row.baseline.value, row.baseline.ci95) if row.baseline else "not evaluated")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
+def summary_notes(rows: Sequence[StudyRow], parts: Mapping[str, str | None] | None, swept: Sequence[str] = ()
+                  ) -> list[str]:
+    """The summary's notes: tasks per setting, how the CIs were obtained, the baseline (or why there is none)."""
+    notes = []
+    tasks = sorted({t for t in (_row_tasks(r) for r in rows) if t})
+    if tasks:
+        notes.append(f"{_range(tasks)} tasks per (method, shot, α) setting; differences smaller than the CIs "
+                     "are not resolved at this number of tasks.")
+    hows = sorted({r.interval.how for r in rows if r.interval is not None})
+    if hows:
+        notes.append("CI (95%, in points) of each point's metric: " + "; ".join(hows) + ".")
+    if any(r.interval is None or r.interval.ci95 is None for r in rows):
+        notes.append("Some runs have no per-setting records, so their metric has no CI.")
+    if len(swept) > 1:
+        notes.append("In the figure a value shared by several points shows the mean of their metrics and the mean "
+                     "of their CIs (an upper bound: the points share their tasks).")
+    if parts is not None and margin_over_baseline(parts):
+        notes.append(f"The metric is already the margin over {BASELINE_NAME}: 0 is {BASELINE_NAME}'s level "
+                     "(the dashed line in the figure).")
+    elif parts is not None and baseline_parts(parts) is None:
+        notes.append(f"The metric is {BASELINE_NAME}'s own, so no separate baseline is drawn.")
+    elif any(r.baseline is not None for r in rows):
+        missing = sum(r.baseline is None for r in rows)
+        notes.append(f"{BASELINE_NAME}: the same metric for {BASELINE} in the same runs (same tasks)"
+                     + (f"; {missing} run(s) did not evaluate it" if missing else "") + ".")
+    else:
+        notes.append(f"{BASELINE_NAME} was not evaluated in these runs, so no baseline is shown: add {BASELINE} to "
+                     f"the sweep's `methods` (e.g. `methods=[putm,{BASELINE}]`) to compare with nearest class mean.")
+    return notes
+
+
 def write_study_summary(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence[str], folder: Path,
-                        title: str) -> dict[str, Path]:
-    """``summary.csv``, ``summary.md`` and the figure (PDF + 300-DPI PNG) in ``folder``, each written atomically."""
+                        title: str, parts: Mapping[str, str | None] | None = None) -> dict[str, Path]:
+    """``summary.csv``, ``summary.md`` and the figure (PDF + 300-DPI PNG) in ``folder``, each written atomically.
+
+    ``parts``: the named groups of the metric pattern (``method``, ``shots``, ``alpha``, ``gainer``, ``other``);
+    they say what SimpleShot's baseline is. Rows should carry their intervals (:func:`with_intervals`)."""
     folder.mkdir(parents=True, exist_ok=True)
     records = summary_rows(rows, metric)
     columns = list(dict.fromkeys(k for r in records for k in r))
-    paths = {"csv": write_csv(folder / "summary.csv", records, columns or [*swept, metric])}
-    text = f"# Study {title}\n\n{len(rows)} finished run(s); metric `{metric}` ({goal}).\n\n"
-    text += markdown_table(rows, metric, goal, swept) if rows else "No run has finished yet.\n"
+    paths = {"csv": write_csv(folder / "summary.csv", records, columns or [*swept, metric, ci_column(metric)])}
+    text = f"# Study {title}\n\n{len(rows)} finished run(s); metric `{metric}` ({goal}), mean ± 95% CI.\n\n"
+    if rows:
+        text += markdown_table(rows, metric, goal, swept) + "\n" + "".join(
+            f"- {note}\n" for note in summary_notes(rows, parts, swept))
+    else:
+        text += "No run has finished yet.\n"
     paths["markdown"] = _write_text(folder / "summary.md", text)
     if rows:
-        paths.update(plot_study(rows, metric, goal, swept, folder, title))
+        paths.update(plot_study(rows, metric, goal, swept, folder, title, parts))
     return paths
+
+
+# --------------------------------------------------------------------------------------------- figure
+
+
+#: Legend order of the summary figure's entries (labels are built from the metric's method; see study_figure).
+METRIC_GID, BASELINE_GID, RANGE_GID, BEST_GID = "metric", "baseline", "range", "best"
+
+
+def study_figure(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence[str], title: str,
+                 parts: Mapping[str, str | None] | None = None):
+    """Build (without saving) the summary figure: one panel per swept parameter, the metric ± 95% CI per value,
+    SimpleShot as a dashed line with its CI band, the best run starred; one legend of exactly what is drawn.
+
+    Every drawn artist that the legend names carries a gid (:data:`METRIC_GID`, ...), so tests can match the
+    legend against what was drawn.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from lightning_putm.evaluation.plots import paper_style
+
+    best = (max if goal == "maximize" else min)(rows, key=lambda r: r.metric)
+    name = _metric_name(metric, parts)
+    margin = parts is not None and margin_over_baseline(parts)
+    entries: dict[str, Any] = {}  # legend label -> handle, first drawn first
+    with paper_style():
+        figure = Figure(figsize=(max(2.4 * len(swept) + 0.4, 3.4), 2.7), layout="constrained")
+        FigureCanvasAgg(figure)
+        axes = figure.subplots(1, len(swept), squeeze=False)[0]
+        for ax, parameter in zip(axes, swept):
+            groups: dict[str, list[StudyRow]] = defaultdict(list)
+            for row in rows:
+                groups[_text(row.point.get(parameter))].append(row)
+            labels = _ordered(groups)
+            x = list(range(len(labels)))
+            means = [_mean([r.metric for r in groups[k]]) for k in labels]
+            cis = [_mean_ci([r.ci95 for r in groups[k]]) for k in labels]
+            if all(c is not None for c in cis):
+                label = f"{name} ± 95% CI"
+                handle = ax.errorbar(x, means, yerr=cis, fmt="o-", color="#0072B2", ms=3.5, lw=1.1, capsize=2.5,
+                                     elinewidth=0.8, zorder=3, label=label)
+                handle.lines[0].set_gid(METRIC_GID)
+            else:  # some runs have no per-setting records: no bar rather than a bar of unknown meaning
+                label = f"{name} (no CI: runs without per-setting records)"
+                (handle,) = ax.plot(x, means, "o-", color="#0072B2", ms=3.5, lw=1.1, zorder=3, label=label,
+                                    gid=METRIC_GID)
+            entries.setdefault(label, handle)
+            drawn = _draw_baseline(ax, x, [groups[k] for k in labels], margin)
+            if drawn is not None:
+                entries.setdefault(*drawn)
+            spread = [k for k in labels if len(groups[k]) > 1]
+            if spread:  # the points that share this value differ in the other swept parameters
+                label = "range over the other swept values"
+                handle = ax.vlines([labels.index(k) - 0.12 for k in spread],
+                                   [min(r.metric for r in groups[k]) for k in spread],
+                                   [max(r.metric for r in groups[k]) for k in spread], colors="#7fb8da", linewidth=3,
+                                   zorder=1, label=label, gid=RANGE_GID)
+                entries.setdefault(label, handle)
+            if _text(best.point.get(parameter)) in labels:
+                (handle,) = ax.plot(labels.index(_text(best.point.get(parameter))), best.metric, marker="*", ms=9,
+                                    color="#D55E00", ls="none", zorder=4, label="best run", gid=BEST_GID)
+                entries.setdefault("best run", handle)
+            ax.set_xticks(x, labels, rotation=30 if max(len(s) for s in labels) > 4 else 0)
+            ax.set_xlabel(parameter.split(".")[-1])
+            ax.grid(axis="y", alpha=0.3, lw=0.5)
+        axes[0].set_ylabel(_axis_label(metric, name))
+        figure.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=min(4, len(entries)))
+        tasks = sorted({t for t in (_row_tasks(r) for r in rows) if t})
+        detail = f"{len(rows)} runs" + (f", {_range(tasks)} tasks per setting" if tasks else "")
+        how = "points: mean over the other swept values; " if len(swept) > 1 else ""
+        figure.suptitle(f"{title} ({detail})\n{how}bars: 95% CI")
+    return figure
 
 
 def plot_study(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence[str], folder: Path,
-               title: str) -> dict[str, Path]:
-    """Metric against each swept parameter (mean over the other parameters, worst–best bar, best point marked)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    best = (max if goal == "maximize" else min)(rows, key=lambda r: r.metric)
-    with plt.rc_context({"font.size": 8, "axes.spines.top": False, "axes.spines.right": False,
-                         "savefig.bbox": "tight", "pdf.fonttype": 42}):
-        fig, axes = plt.subplots(1, len(swept), figsize=(2.4 * len(swept) + 0.4, 2.2), squeeze=False)
-        for ax, name in zip(axes[0], swept):
-            groups: dict[str, list[float]] = defaultdict(list)
-            for row in rows:
-                groups[_text(row.point.get(name))].append(row.metric)
-            labels = _ordered(groups)
-            means = [sum(groups[k]) / len(groups[k]) for k in labels]
-            low = [m - min(groups[k]) for m, k in zip(means, labels)]
-            high = [max(groups[k]) - m for m, k in zip(means, labels)]
-            x = list(range(len(labels)))
-            ax.errorbar(x, means, yerr=[low, high], fmt="o-", color="#0072B2", ms=4, lw=1.2, capsize=2.5,
-                        label="mean (bar: worst–best)")
-            if _text(best.point.get(name)) in labels:
-                ax.plot(labels.index(_text(best.point.get(name))), best.metric, marker="*", ms=9, color="#D55E00",
-                        ls="none", label="best run")
-            ax.set_xticks(x, labels, rotation=30 if max(len(s) for s in labels) > 4 else 0)
-            ax.set_xlabel(name.split(".")[-1])
-            ax.grid(axis="y", alpha=0.3, lw=0.5)
-        axes[0][0].set_ylabel(metric.replace("fewshot/", "").replace("/acc", " accuracy (%)"))
-        axes[0][0].legend(frameon=False, fontsize=7, loc="best")
-        fig.suptitle(f"{title} ({len(rows)} runs)", fontsize=9)
-        paths = {}
-        for suffix, options in (("pdf", {}), ("png", {"dpi": 300})):
-            target = folder / f"summary.{suffix}"
-            tmp = target.with_name(f".{target.stem}.tmp.{suffix}")
-            fig.savefig(tmp, **options)
-            os.replace(tmp, target)
-            paths[f"figure_{suffix}"] = target
-        plt.close(fig)
+               title: str, parts: Mapping[str, str | None] | None = None) -> dict[str, Path]:
+    """Write :func:`study_figure` as ``summary.pdf`` and a 300-DPI ``summary.png``, each atomically."""
+    figure = study_figure(rows, metric, goal, swept, title, parts)
+    paths = {}
+    for suffix, options in (("pdf", {"metadata": {"CreationDate": None}}), ("png", {"dpi": 300})):
+        target = folder / f"summary.{suffix}"
+        tmp = target.with_name(f".{target.stem}.tmp.{suffix}")
+        figure.savefig(tmp, bbox_inches="tight", **options)
+        os.replace(tmp, target)
+        paths[f"figure_{suffix}"] = target
     return paths
 
 
-def _ordered(groups: dict[str, list[float]]) -> list[str]:
+def _draw_baseline(ax: Any, x: list[int], groups: list[list[StudyRow]], margin: bool) -> tuple[str, Any] | None:
+    """SimpleShot: a dashed line with its CI band (flat across the panel when it does not change), or the zero
+    line when the metric is a margin over SimpleShot; nothing when the runs did not evaluate it. Returns the
+    legend label and handle of what was drawn."""
+    colour = "0.35"
+    if margin:
+        label = f"{BASELINE_NAME} (zero margin)"
+        return label, ax.axhline(0.0, color=colour, ls="--", lw=0.9, zorder=2, label=label, gid=BASELINE_GID)
+    known = []
+    for i, group in zip(x, groups):
+        values = [r.baseline for r in group if r.baseline is not None]
+        if values:
+            known.append((i, _mean([b.value for b in values]), _mean_ci([b.ci95 for b in values])))
+    if not known:
+        return None
+    with_ci = all(c is not None for _, _, c in known)
+    label = f"{BASELINE_NAME} ± 95% CI" if with_ci else BASELINE_NAME
+    if max(v for _, v, _ in known) - min(v for _, v, _ in known) < 1e-9:  # the same everywhere (same tasks)
+        value, ci = known[0][1], known[0][2]
+        line = ax.axhline(value, color=colour, ls="--", lw=0.9, zorder=2, label=label, gid=BASELINE_GID)
+        band = ax.axhspan(value - ci, value + ci, color=colour, alpha=0.15, lw=0, zorder=0) if with_ci else None
+    else:
+        xs = [i for i, _, _ in known]
+        (line,) = ax.plot(xs, [v for _, v, _ in known], color=colour, ls="--", lw=0.9, marker="_", zorder=2,
+                          label=label, gid=BASELINE_GID)
+        band = ax.fill_between(xs, [v - c for _, v, c in known], [v + c for _, v, c in known], color=colour,
+                               alpha=0.15, lw=0, zorder=0) if with_ci else None
+    if band is not None:
+        band.set_gid(f"{BASELINE_GID}-band")
+    return label, line if band is None else (band, line)
+
+
+def _metric_name(metric: str, parts: Mapping[str, str | None] | None) -> str:
+    """The metric as the legend names it: ``PUTM``, or ``PUTM − SimpleShot (worst)`` for a margin."""
+    from lightning_putm.methods import method_display_name
+
+    if parts is None:
+        return metric
+    if parts.get("gainer"):
+        return f"{method_display_name(str(parts['gainer']))} − {method_display_name(str(parts['other']))} (worst)"
+    return method_display_name(str(parts["method"])) if parts.get("method") else metric
+
+
+def _axis_label(metric: str, name: str) -> str:
+    if "worst_gain_over_" in metric:
+        return "worst margin (points)"
+    setting = metric.split("/")[2:-1]  # [<k>shot, alpha_<a>] for one setting's accuracy
+    where = " " + " ".join(setting).replace("alpha_", "α=") if setting else ""
+    return f"{name}{where} accuracy (%)" if name != metric else "accuracy (%)"
+
+
+def _ordered(groups: Mapping[str, Any]) -> list[str]:
     """Numbers in numeric order, then the rest (e.g. ``balanced``) in their order of appearance."""
     def number(text: str) -> float | None:
         try:
@@ -117,6 +435,43 @@ def _ordered(groups: dict[str, list[float]]) -> list[str]:
             return None
     numeric = sorted((k for k in groups if number(k) is not None), key=lambda k: number(k))
     return numeric + [k for k in groups if number(k) is None]
+
+
+def _key(setting: Mapping[str, Any]) -> tuple[str, str, str]:
+    return str(setting["method"]), str(setting["shots"]), str(setting["alpha"])
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _mean_ci(values: Sequence[float | None]) -> float | None:
+    """The mean of the points' CIs (an upper bound for the CI of their mean); ``None`` if one is unknown."""
+    if not values or any(v is None for v in values):
+        return None
+    return sum(values) / len(values)  # type: ignore[arg-type]
+
+
+def _row_tasks(row: StudyRow) -> int | None:
+    return row.interval.tasks if row.interval is not None and row.interval.tasks else _tasks(row)
+
+
+def _tasks(row: StudyRow) -> int | None:
+    """Tasks per setting when the run's records carry them (``tasks`` of its settings, all equal)."""
+    counts = {int(s["tasks"]) for s in row.settings if s.get("tasks")}
+    return counts.pop() if len(counts) == 1 else None
+
+
+def _range(values: Sequence[int]) -> str:
+    return str(values[0]) if len(values) == 1 else f"{values[0]}–{values[-1]}"
+
+
+def _plus_minus(value: float, ci: float | None) -> str:
+    return f"{value:.2f}" if ci is None else f"{value:.2f} ± {ci:.2f}"
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
 
 
 def _text(value: Any) -> str:

@@ -19,7 +19,8 @@ import yaml
 
 from lightning_putm.config import load_yaml, split_override
 from lightning_putm.errors import ConfigError
-from lightning_putm.jobs.study import STUDY_ROOT, Study, agent_arguments, metric_value, parse_options, read_sweep
+from lightning_putm.jobs.study import (STUDY_ROOT, Study, agent_arguments, metric_parts, metric_value, parse_options,
+                                      read_sweep)
 from lightning_putm.evaluation.study_summary import write_study_summary
 from lightning_putm.runs import slug
 
@@ -64,7 +65,8 @@ def run_tune(argv: Sequence[str], log: Callable[[str], None] = print,
 
     study.run(run)
     rows = study.rows()
-    write_study_summary(rows, sweep.metric, sweep.goal, list(sweep.swept), folder, f"{sweep.name} (validation)")
+    write_study_summary(rows, sweep.metric, sweep.goal, list(sweep.swept), folder, f"{sweep.name} (validation)",
+                        metric_parts(sweep.metric))
     if not rows:
         raise ConfigError(f"no run of {sweep.name} finished; nothing to select")
     best, tied = select_best(rows, sweep.goal, prefer)
