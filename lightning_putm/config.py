@@ -1,8 +1,10 @@
 """Configuration: plain YAML in ``conf/`` merged with command-line ``key=value`` overrides (omegaconf).
 
 Strict by design: an unknown key is an error that lists the valid keys at that level, never silently
-ignored, so a typo in a sweep cannot quietly run the default. ``trainer.<arg>=value`` overrides are checked
-against the signature of ``pytorch_lightning.Trainer`` and against the arguments a job sets itself.
+ignored, so a typo in a sweep cannot quietly run the default; the close matches come first (``taks`` → "did you
+mean tasks?"), and a key that lives elsewhere is found there (``rho`` → ``method.putm.rho``).
+``trainer.<arg>=value`` overrides are checked against the signature of ``pytorch_lightning.Trainer`` and against
+the arguments a job sets itself.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lightning_putm.errors import ConfigError
+from lightning_putm.validators import alternatives, close_matches, did_you_mean
 
 #: Sanity limit of trainer.devices / trainer.num_nodes (Lightning allocates per-device lists up front).
 MAX_DEVICES = 4096
@@ -56,7 +59,8 @@ def group_options(group: str) -> list[str]:
 def load_group(group: str, name: str) -> DictConfig:
     options = group_options(group)
     if name not in options:
-        raise ConfigError(f"unknown {group} {name!r}; available: {', '.join(options) or '(none)'}")
+        raise ConfigError(f"unknown {group} {name!r}; {did_you_mean(name, options)}available: "
+                          f"{', '.join(options) or '(none)'}")
     return load_yaml(conf_dir() / group / f"{name}.yaml")
 
 
@@ -120,15 +124,46 @@ def resolve_override_value(key: str, raw: str) -> Any:
 
 
 def _check_key(cfg: DictConfig, dotted: str) -> None:
+    """Raise a :class:`ConfigError` naming the first unknown part of ``dotted``, the keys nearest to it and every
+    valid key at that level."""
     node: Any = cfg
-    walked: list[str] = []
-    for part in dotted.split("."):
+    parts = dotted.split(".")
+    for index, part in enumerate(parts):
         if not isinstance(node, DictConfig) or part not in node:
+            walked = parts[:index]
             where = ".".join(walked) or "top level"
-            valid = ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else "(none)"
-            raise ConfigError(f"unknown config key {dotted!r} (no {part!r} at {where}); valid keys there: {valid}")
-        walked.append(part)
+            if not isinstance(node, DictConfig):
+                raise ConfigError(f"unknown config key {dotted!r}: {where} is a single value, not a group of "
+                                  f"settings; set it as {where}=<value>")
+            keys = sorted(str(k) for k in node.keys())
+            rest = "".join(f".{p}" for p in parts[index + 1:])
+            spelled = [".".join([*walked, name]) + rest for name in close_matches(part, keys)]
+            # a key given without its group (``rho``, ``method.rho`` → method.putm.rho) is likelier than a near
+            # spelling; only below the part already walked (``method.putm.temperature`` is not TIM's)
+            moved = [key for key in elsewhere(cfg, ".".join(parts[index:]))
+                     if not walked or key.startswith(".".join(walked) + ".")]
+            near = moved or spelled
+            hint = f"did you mean {alternatives(near)}? " if near else ""
+            raise ConfigError(f"unknown config key {dotted!r} (no {part!r} at {where}); {hint}valid keys there: "
+                              f"{', '.join(keys) or '(none)'}")
         node = node[part]
+
+
+def dotted_keys(cfg: DictConfig) -> list[str]:
+    """Every key of ``cfg`` as a dotted path, groups and leaves alike (``method``, ``method.putm``, ...)."""
+    def walk(node: Any, prefix: str) -> list[str]:
+        found: list[str] = []
+        if isinstance(node, dict):
+            for key, value in node.items():
+                found += [f"{prefix}{key}", *walk(value, f"{prefix}{key}.")]
+        return found
+
+    return walk(OmegaConf.to_container(cfg, resolve=False), "")
+
+
+def elsewhere(cfg: DictConfig, tail: str) -> list[str]:
+    """Full keys that end in ``tail`` (``rho`` → ``method.putm.rho``): the key was given without its group."""
+    return [key for key in dotted_keys(cfg) if key.endswith("." + tail)]
 
 
 def to_container(cfg: DictConfig | ListConfig) -> Any:
@@ -173,8 +208,9 @@ def apply_trainer_overrides(cfg: DictConfig, overrides: Sequence[str], reserved:
         if name in reserved:
             raise ConfigError(f"{key} is set by {job} itself: {reserved[name]}")
         if "." in name or name not in valid:
-            raise ConfigError(f"unknown Trainer argument {key!r}; valid trainer.<name>: "
-                              f"{', '.join(sorted(valid - set(reserved)))}")
+            allowed = valid - set(reserved)
+            raise ConfigError(f"unknown Trainer argument {key!r}; {did_you_mean(name, allowed, 'trainer.')}valid "
+                              f"trainer.<name>: {', '.join(sorted(allowed))}")
         OmegaConf.update(cfg, key, parse_value(key, raw), merge=False, force_add=True)
     check_resolvable(cfg)
     for name in ("devices", "num_nodes"):  # Lightning builds a list of that many devices: 10**9 exhausts memory
@@ -197,6 +233,21 @@ def build_trainer(options: dict[str, Any], **job_arguments: Any) -> Any:
         # e.g. accelerator=gpu on a CPU machine, accelerator=tpu without torch_xla, devices=10**10
         given = ", ".join(f"{key}={value}" for key, value in options.items())
         raise ConfigError(f"invalid trainer options ({given}): {' '.join(str(exc).split())}") from exc
+
+
+def command_line_value(value: Any) -> str:
+    """A value as it is written on the command line: ``null``, ``true``, ``[putm, simpleshot]``, ``{}``, ``0.5``."""
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(command_line_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{key}: {command_line_value(item)}" for key, item in value.items()) + "}"
+    return str(value)
 
 
 def changed_keys(defaults: DictConfig, cfg: DictConfig, ignore: Sequence[str] = ()) -> dict[str, Any]:

@@ -2,21 +2,66 @@
 
 Every key of ``conf/<job>.yaml`` and of the config groups (``conf/method/*.yaml`` as ``method.<name>.<key>``,
 ``conf/data/*.yaml`` as ``data.<key>``, ``conf/backbone/*.yaml`` as ``backbone.<key>``) is listed with its type,
-its default and the comment written beside it (which names the allowed values).
+its default (in full, as it is written on the command line) and the comment written beside it (which names the
+allowed values). Rows are wrapped to the terminal (at most :data:`MAX_WIDTH` characters, also when piped).
 """
 
 from __future__ import annotations
 
+import inspect
 import re
+import shutil
+import textwrap
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lightning_putm.config import conf_dir, group_options
+from lightning_putm.config import command_line_value, conf_dir, group_options
 
 KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w]*):(?P<rest>.*)$")
 COMMENT_LINE = re.compile(r"^\s*#\s?(?P<text>.*)$")
+
+#: Longest help line: wider text is hard to read even on a wide terminal.
+MAX_WIDTH = 100
+#: Narrowest layout we wrap to (a narrower terminal wraps our lines itself).
+MIN_WIDTH = 60
+#: Default column width in the table; a longer default gets lines of its own.
+DEFAULT_COLUMN = 16
+#: Below this many characters for the meaning, rows are stacked (meaning under the key) instead of in columns.
+MIN_MEANING = 34
+
+#: What a key holds where its YAML default does not say (``null``, or ``auto`` standing for a number).
+KEY_TYPES = {
+    # evaluate.py
+    "checkpoint": "path", "data": "name", "backbone": "name|auto", "feature_cache_dir": "path",
+    "features": "path|auto", "base_features": "path|auto", "queries": "int", "tasks": "int|auto",
+    "memory_budget_mb": "int|auto", "name": "str", "output_dir": "path|auto", "trainer.devices": "int|auto",
+    "wandb.entity": "str", "wandb.name": "str", "wandb.group": "str", "wandb.dir": "path", "wandb.mode": "str",
+    # evaluate.py predict
+    "support": "path", "query": "path", "output": "path", "counts_output": "path", "data_root": "path",
+    # train_backbone.py
+    "stages": "list|auto", "init_from": "path", "checkpoint_dir": "path", "run": "name|auto", "log_dir": "path",
+    "head.scale": "float|auto", "channels_last": "bool|auto", "compile": "bool|str",
+    "loader.num_workers": "int|auto", "loader.pin_memory": "bool|auto", "loader.persistent_workers": "bool|auto",
+    "loader.prefetch_factor": "int|auto", "val_episodes.alpha": "float|balanced",
+    "test_episodes.alpha": "float|balanced", "fewshot_eval.every_n_epochs": "int", "trainer.max_epochs": "int",
+    # conf/data/*.yaml
+    "data.root": "path", "data.normalize": "mapping", "data.options": "mapping",
+}
+
+#: Sub-commands of a script, listed in its ``--help`` (each has its own ``--help``).
+SUBCOMMANDS = {
+    "evaluate": [("predict", "label your own images; its keys: python evaluate.py predict --help")],
+}
+
+Row = tuple[str, str, str, str]  # key, type, default, meaning
+
+
+def help_width() -> int:
+    """The terminal's width (``$COLUMNS`` first; :data:`MAX_WIDTH` when piped), within the readable range."""
+    columns = shutil.get_terminal_size(fallback=(MAX_WIDTH, 24)).columns
+    return max(MIN_WIDTH, min(MAX_WIDTH, columns))
 
 
 def yaml_comments(path: Path, prefix: str = "") -> dict[str, str]:
@@ -46,60 +91,163 @@ def yaml_comments(path: Path, prefix: str = "") -> dict[str, str]:
 
 
 def type_name(value: Any) -> str:
+    """The type of a YAML value as the help shows it (``null`` only where nothing better is known)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "bool"
-    if isinstance(value, (ListConfig, list)):
+    if isinstance(value, (ListConfig, list, tuple)):
         return "list"
+    if isinstance(value, (DictConfig, dict)):
+        return "mapping"
     return type(value).__name__
 
 
-def rows(cfg: DictConfig, comments: dict[str, str], prefix: str = "") -> list[tuple[str, str, str, str]]:
-    table = []
+def method_argument_type(method: str, key: str) -> str | None:
+    """The type a method's constructor declares for ``key`` (``float | None`` → ``float``): the schema of a
+    ``conf/method/<name>.yaml`` key whose default is ``null``."""
+    from lightning_putm.methods import METHOD_CLASSES  # the methods' signatures are their schema
+
+    cls = METHOD_CLASSES.get(method)
+    parameter = inspect.signature(cls.__init__).parameters.get(key) if cls is not None else None
+    if parameter is None or parameter.annotation is inspect.Parameter.empty:
+        return None
+    annotation = str(parameter.annotation if isinstance(parameter.annotation, str) else
+                     getattr(parameter.annotation, "__name__", parameter.annotation))
+    kinds = [part.strip() for part in annotation.split("|") if part.strip() not in ("None", "NoneType")]
+    kinds = ["list" if re.match(r"(Sequence|list|tuple)\b", kind) else kind for kind in kinds]
+    return "|".join(kinds) or None
+
+
+def value_type(dotted: str, value: Any) -> str:
+    """The type column of a key: the table above, a method's signature, else the YAML default's type."""
+    if dotted in KEY_TYPES:
+        return KEY_TYPES[dotted]
+    parts = dotted.split(".")
+    if value is None and len(parts) == 3 and parts[0] == "method":
+        return method_argument_type(parts[1], parts[2]) or "null"
+    return type_name(value)
+
+
+def show(value: Any) -> str:
+    """A default as it is written on the command line: ``null``, ``true``, ``[putm, simpleshot]``, ``{}``."""
+    return command_line_value(value)
+
+
+def rows(cfg: DictConfig, comments: dict[str, str], prefix: str = "", skip: Sequence[str] = ("method",)) -> list[Row]:
+    """One row per leaf of ``cfg`` (an empty mapping is a leaf); ``skip``: keys listed elsewhere (the method group)."""
+    table: list[Row] = []
     for key, value in cfg.items():
         dotted = f"{prefix}{key}"
-        if dotted == "method":  # filled from the method group: listed below
+        if dotted in skip:
             continue
         if isinstance(value, DictConfig) and len(value):
-            table += rows(value, comments, dotted + ".")
+            table += rows(value, comments, dotted + ".", skip)
         else:
-            shown = OmegaConf.to_container(value) if isinstance(value, (DictConfig, ListConfig)) else value
-            table.append((dotted, type_name(value), "null" if shown is None else str(shown), comments.get(dotted, "")))
+            table.append((dotted, value_type(dotted, value), show(value), comments.get(dotted, "")))
     return table
 
 
-def format_rows(table: list[tuple[str, str, str, str]]) -> str:
-    key_width = min(36, max(len(r[0]) for r in table))
-    default_width = min(24, max(len(r[2]) for r in table))
-    lines = []
-    for key, kind, default, comment in table:
-        default = default if len(default) <= default_width else default[: default_width - 1] + "…"
-        lines.append(f"  {key.ljust(key_width)}  {kind.ljust(5)}  {default.ljust(default_width)}  {comment}".rstrip())
+def _wrap(text: str, width: int, indent: int, first_indent: int | None = None) -> list[str]:
+    """``text`` wrapped to ``width``: the first line starts at column ``first_indent`` (default ``indent``)."""
+    first = indent if first_indent is None else first_indent
+    return textwrap.wrap(text, width=width, initial_indent=" " * first, subsequent_indent=" " * indent,
+                         break_long_words=True, break_on_hyphens=False) or [" " * first]
+
+
+def format_rows(table: Sequence[Row], width: int | None = None) -> str:
+    """The rows as a table of key, type, default and meaning, wrapped to ``width`` (the terminal's by default).
+
+    Columns when the meaning keeps at least :data:`MIN_MEANING` characters; a default longer than its column is
+    written in full on lines of its own, the meaning below it. On a narrow terminal each row is stacked: key, type
+    and default on one line, the meaning indented below.
+    """
+    width = width or help_width()
+    if not table:
+        return ""
+    key_width = max(len(row[0]) for row in table)
+    type_width = max(len(row[1]) for row in table)
+    default_width = min(DEFAULT_COLUMN, max(len(row[2]) for row in table))
+    default_at = 2 + key_width + 2 + type_width + 2
+    meaning_at = default_at + default_width + 2
+    lines: list[str] = []
+    if width - meaning_at >= MIN_MEANING:
+        for key, kind, default, meaning in table:
+            head = f"  {key.ljust(key_width)}  {kind.ljust(type_width)}  "
+            if len(default) <= default_width:
+                said = _wrap(meaning, width - meaning_at, 0)
+                lines.append(f"{head}{default.ljust(default_width)}  {said[0]}")
+                lines += [" " * meaning_at + line for line in said[1:]]
+            else:  # in full, on as many lines as it takes; the meaning follows below, in its column
+                wrapped = _wrap(default, width, default_at + 1, default_at)
+                lines += [head + wrapped[0][default_at:], *wrapped[1:]]
+                if meaning:
+                    lines += _wrap(meaning, width, meaning_at)
+    else:
+        for key, kind, default, meaning in table:
+            wrapped = _wrap(f"{key}  {kind}  {default}", width, 8, 2)
+            lines += wrapped
+            if meaning:
+                lines += _wrap(meaning, width, 6)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def paragraph(text: str, width: int | None = None, indent: int = 0) -> str:
+    """Running text (a docstring's paragraphs, a note) wrapped to the help's width; blank lines are kept."""
+    width = width or help_width()
+    blocks = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join("\n".join(_wrap(" ".join(block.split()), width, indent)) for block in blocks)
+
+
+def two_columns(pairs: Sequence[tuple[str, str]], width: int | None = None) -> str:
+    """``name  meaning`` rows (command-line options, sub-commands), the meaning wrapped in its column."""
+    width = width or help_width()
+    column = 2 + max(len(name) for name, _ in pairs) + 2
+    lines: list[str] = []
+    for name, text in pairs:
+        said = _wrap(text, width - column, 0)
+        lines += [f"  {name.ljust(column - 4)}  {said[0]}".rstrip(), *(" " * column + line for line in said[1:])]
     return "\n".join(lines)
+
+
+def usage(lines: Sequence[tuple[str, str]], width: int | None = None) -> str:
+    """``Usage:`` with one command per line and, wrapped below it where it does not fit beside it, what it does."""
+    width = width or help_width()
+    out = ["Usage:"]
+    for command, note in lines:
+        out += _wrap(command, width, 6, 2)
+        if note:
+            beside = f"{out[-1]}   # {note}"
+            if len(beside) <= width:
+                out[-1] = beside
+            else:
+                out += _wrap(f"# {note}", width, 8, 6)
+    return "\n".join(out)
 
 
 def job_help(job: str, summary: str) -> str:
     """The full ``--help`` of ``evaluate`` or ``train_backbone``."""
+    width = help_width()
     folder = conf_dir()
     main = OmegaConf.load(folder / f"{job}.yaml")
     comments = yaml_comments(folder / f"{job}.yaml")
     groups = {"method": "method"} if job == "evaluate" else {"data": "data", "backbone": "backbone"}
-    body = [summary.strip(), "",
-            f"Usage: python {job}.py [key=value ...]",
-            f"       python {job}.py config=<run folder>/config.yaml [key=value ...]   # re-run a recorded run",
-            "", f"Keys of conf/{job}.yaml (key, type, default, meaning):",
-            format_rows(rows(main, comments, ""))]
+    commands = [(f"python {job}.py [key=value ...]", ""),
+                (f"python {job}.py config=<run folder>/config.yaml [key=value ...]", "re-run a recorded run")]
+    commands += [(f"python {job}.py {name} [key=value ...]", text) for name, text in SUBCOMMANDS.get(job, [])]
+    body = [paragraph(summary, width), "", usage(commands, width)]
+    body += ["", *_wrap(f"Keys of conf/{job}.yaml (key, type, default, meaning):", width, 2, 0),
+             format_rows(rows(main, comments, ""), width)]
     for group, key in groups.items():
         for name in group_options(group):
             path = folder / group / f"{name}.yaml"
             node = OmegaConf.load(path)
             prefix = f"method.{name}." if group == "method" else f"{key}."
-            if group != "method":
-                body += ["", f"{key}={name} (conf/{group}/{name}.yaml) sets {key}.<key>:"]
-            else:
-                body += ["", f"method {name} (conf/method/{name}.yaml), as method.{name}.<key>=value:"]
-            body.append(format_rows(rows(node, yaml_comments(path, prefix), prefix)))
-    body += ["", "trainer.<name>=value: any pytorch_lightning.Trainer argument except the ones the job sets itself",
-             "(devices, strategy, precision, accelerator, max_epochs, ...). Unknown keys are errors that list the valid ones."]
+            title = f"method.{name}.<key>=value (conf/method/{name}.yaml):" if group == "method" else \
+                f"{key}={name} (conf/{group}/{name}.yaml) sets {key}.<key>:"
+            body += ["", *_wrap(title, width, 2, 0)]
+            body.append(format_rows(rows(node, yaml_comments(path, prefix), prefix), width))
+    body += ["", paragraph("trainer.<name>=value: any pytorch_lightning.Trainer argument except the ones the job sets "
+                           "itself (devices, strategy, precision, accelerator, max_epochs, ...). Unknown keys are "
+                           "errors that name the closest valid keys and list them all.", width)]
     return "\n".join(body)

@@ -7,15 +7,53 @@ Strings are never coerced (``bool("no")`` is True; ``int("5")`` would hide a quo
 
 from __future__ import annotations
 
+import difflib
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lightning_putm.errors import ConfigError
 
 BALANCED = "balanced"
+#: A suggestion scoring this much less than the best one (difflib ratio) is left out: ``em_step`` → ``em_steps``,
+#: not also ``inner_steps``.
+MATCH_MARGIN = 0.1
+
+
+def close_matches(word: Any, options: Iterable[Any], limit: int = 3) -> list[str]:
+    """The ``options`` nearest to ``word`` (``taks`` → ``tasks``), best first; a misspelling is the usual mistake."""
+    names = [str(o) for o in options]
+    text = str(word)
+    found = difflib.get_close_matches(text, names, n=limit, cutoff=0.6)
+    if not found:  # a difference of case only (``TASKS``) scores below the cutoff
+        return [n for n in names if n.lower() == text.lower()][:limit]
+    score = {name: difflib.SequenceMatcher(None, text, name).ratio() for name in found}
+    return [name for name in found if score[name] >= score[found[0]] - MATCH_MARGIN]  # the clearly best, or ties
+
+
+def did_you_mean(word: Any, options: Iterable[Any], prefix: str = "") -> str:
+    """``"did you mean tasks? "`` (``"did you mean tasks or tests? "``), or ``""`` when nothing is close: put it
+    before the list of every valid option, so the likely fix is read first."""
+    found = close_matches(word, options)
+    if not found:
+        return ""
+    return f"did you mean {alternatives([f'{prefix}{name}' for name in found])}? "
+
+
+def alternatives(names: list[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def choice(value: Any, key: str, options: Iterable[str]) -> str:
+    """One of a fixed set of names (``split=tset`` → "did you mean test?")."""
+    names = list(options)
+    if not isinstance(value, str) or value not in names:
+        hint = did_you_mean(value, names).strip() if isinstance(value, str) else ""
+        raise ConfigError(f"`{key}` must be one of {', '.join(names)}, got {value!r}" + (f"; {hint}" if hint else ""))
+    return value
 
 
 def is_number(value: Any) -> bool:

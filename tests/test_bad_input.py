@@ -97,6 +97,23 @@ EVALUATE_CONFIG_CASES = [
     ("trainer.num_nodes=300000000", r"trainer.num_nodes=300000000 is more than any machine"),
     ("trainer.accelerator=tpu", r"invalid trainer options"),
     ("data.rooot=/x", r"unknown config key 'data.rooot'.*valid keys there: .*root"),
+    # a typo: the closest valid key, value or name comes first, before the list of all of them
+    ("taks=10", r"unknown config key 'taks' \(no 'taks' at top level\); did you mean tasks\? valid keys there: "),
+    ("Tasks=10", r"did you mean tasks\? valid keys there"),
+    ("method.putm.rhoo=0.5", r"did you mean method.putm.rho\? valid keys there: adam_betas"),
+    ("data.roots=/x", r"no 'roots' at data\); did you mean data.root\? valid keys"),
+    ("rho=0.5", r"unknown config key 'rho'.*did you mean method.putm.rho\? valid keys there"),
+    ("method.rho=0.5", r"no 'rho' at method\); did you mean method.putm.rho\?"),
+    ("method.ptmpa.beta=0.5", r"no 'ptmpa' at method\); did you mean method.ptmap.beta"),
+    ("tasks.count=5", r"unknown config key 'tasks.count': tasks is a single value, not a group.*tasks=<value>"),
+    ("methods=[ptmpa]", r"unknown method 'ptmpa'; did you mean ptmap( or \w+)*\? available methods: "),
+    ("methods=[putm,simpleshoot]", r"unknown method 'simpleshoot'; did you mean simpleshot\? available methods"),
+    ("split=tset", r"`split` must be one of train, val, test, got 'tset'; did you mean test\?$"),
+    ("logger=wanb", r"`logger` must be one of .*, got 'wanb'; did you mean wandb\?$"),
+    ("trainer.max_epoch=2", r"unknown Trainer argument 'trainer.max_epoch'; did you mean trainer.max_epochs"),
+    ("method.putm.preset=papr", r"`method.putm.preset` must be one of .*; got 'papr'; did you mean paper\?$"),
+    ("method.ptum.preset=paper", r"'ptum' has no presets; did you mean putm\? methods with presets"),
+    ("data=miniimagnet", r"unknown data 'miniimagnet'; did you mean miniimagenet( or \w+)*\? available: "),
     ("ways", r"cannot read argument 'ways': write overrides as key=value"),
     ("=5", r"write overrides as key=value"),
     # wrong types
@@ -177,7 +194,13 @@ def test_evaluate_rejects_bad_config_values(tmp_path: Path, override: str, patte
 TRAIN_CONFIG_CASES = [
     ("lrate=1", r"unknown config key 'lrate'.*valid keys there"),
     ("backbone.widht=8", r"unknown config key 'backbone.widht'.*valid keys there: .*width"),
-    ("data=imagenet", r"unknown data 'imagenet'; available: .*digits"),
+    ("backbone.depht=4", r"did you mean backbone.depth\? valid keys there"),
+    ("mixup_alhpa=1", r"unknown config key 'mixup_alhpa'.*did you mean mixup_alpha\? valid keys"),
+    ("loader.num_worker=1", r"did you mean loader.num_workers\? valid keys"),
+    ("data=omniglott", r"unknown data 'omniglott'; did you mean omniglot\? available: "),
+    ("backbone=resnet13", r"unknown backbone 'resnet13'; did you mean resnet1[28] or resnet1[28]\? available: "),
+    ("trainer.max_epoch=2", r"unknown Trainer argument 'trainer.max_epoch'; did you mean trainer.max_epochs"),
+    ("data=imagenet", r"unknown data 'imagenet'; did you mean miniimagenet or tieredimagenet\? available: .*digits"),
     ("backbone=vgg", r"unknown backbone 'vgg'; available: .*conv4"),
     ("trainer.bogus=1", r"unknown Trainer argument 'trainer.bogus'"),
     ("trainer.callbacks=[]", r"set by train_backbone.py itself"),
@@ -193,9 +216,12 @@ TRAIN_CONFIG_CASES = [
     ("mix_layers=[1.5]", r"`mix_layers` must be a non-empty list"),
     ("mix_layers=[9]", r"mix_layers \[9\] invalid for conv4: choose from"),
     ("seed=x", r"`seed` must be an integer >= 0"),
-    ("scheduler=step", r"scheduler must be none or cosine"),
-    ("ncm=cosine", r"ncm must be one of none, l2"),
-    ("logger=tensorboard", r"`logger` must be csv, wandb or none"),
+    ("scheduler=step", r"`scheduler` must be one of none, cosine, got 'step'"),
+    ("scheduler=cosin", r"`scheduler` must be one of none, cosine, got 'cosin'; did you mean cosine\?$"),
+    ("ncm=cosine", r"`ncm` must be one of none, l2"),
+    ("logger=tensorboard", r"`logger` must be one of csv, wandb, none, got 'tensorboard'$"),
+    ("logger=wanb", r"`logger` must be one of csv, wandb, none, got 'wanb'; did you mean wandb\?$"),
+    ("stages=[rotaton]", r"`stages` must list stages among .*; did you mean rotation\?$"),
     ("head.scale=abc", r"`head.scale` must be a positive number"),
     ("head.class_gain=maybe", r"`head.class_gain` must be true or false"),
     ("resume=maybe", r"`resume` must be true or false"),
@@ -253,6 +279,32 @@ TRAIN_CONFIG_CASES = [
 @pytest.mark.parametrize("override,pattern", TRAIN_CONFIG_CASES, ids=[c[0] for c in TRAIN_CONFIG_CASES])
 def test_train_backbone_rejects_bad_config_values(tmp_path: Path, override: str, pattern: str) -> None:
     train_error(tmp_path, [override] if "{" in override else override.split(" "), pattern)
+
+
+PREDICT_TYPO_CASES = [
+    ("method=ptmpa", r"unknown method 'ptmpa'; did you mean ptmap( or \w+)*\? available methods: "),
+    ("methd=putm", r"unknown config key 'methd'.*did you mean method\? valid keys there: "),
+    ("method.putm.em_step=3", r"did you mean method.putm.em_steps\? valid keys"),
+]
+
+
+@pytest.mark.parametrize("override,pattern", PREDICT_TYPO_CASES, ids=[c[0] for c in PREDICT_TYPO_CASES])
+def test_predict_suggests_the_closest_key_or_method(tmp_path: Path, override: str, pattern: str) -> None:
+    expect_error("evaluate", ["predict", f"checkpoint={tmp_path / 'none.ckpt'}", f"support={tmp_path}",
+                              f"query={tmp_path}", override], pattern, f"predict {override}")
+
+
+def test_a_suggestion_stays_inside_the_group_that_was_named() -> None:
+    """``method.putm.temperature`` is not TIM's temperature: keys of other methods are not offered; nothing close is
+    offered either, and the valid keys of PUTM are still listed."""
+    from lightning_putm.evaluation.settings import load_evaluate_config
+
+    with pytest.raises(LightningPutmError) as caught:
+        load_evaluate_config(["method.putm.temperature=3"])
+    message = str(caught.value)
+    assert "did you mean" not in message and "valid keys there: adam_betas" in message
+    with pytest.raises(LightningPutmError, match=r"did you mean method\.\w+\.temperature, .* or method\.\w+\.temperature\?"):
+        load_evaluate_config(["temperature=3"])  # top level: every method that has one
 
 
 #: Bad inputs this suite found escaping or accepted (now fixed; kept as regression cases, with where they were).

@@ -64,7 +64,9 @@ def test_checkpoint_evaluation_logs_to_wandb_offline_and_writes_csv_and_plots(ch
     assert not (out / "wandb").exists()
     record = run_record(run)
     assert record["job_type"] == "evaluate" and record["group"] == "study-1"
-    assert record["display_name"].startswith("last-") and len(record["display_name"]) > len("last-")  # name + time
+    run_folder = checkpoint.parent.parent.resolve().name  # <run>: what `latest` points at
+    # <dataset>-<backbone>-<run>-<stage>(-last), then the time: which checkpoint, not "best" or "last"
+    assert record["display_name"].startswith(f"digits-conv4-{run_folder}-classifier-last-")
     assert record["config"]["method"]["putm"]["rho"] == 0.7  # the full resolved config: filter runs by any key
     assert record["config"]["methods"] == ["putm", "simpleshot"] and record["config"]["output_dir"] == str(out)
     assert "anonymous setting has no effect" not in capfd.readouterr().err  # no warning caused by our settings
@@ -157,6 +159,102 @@ def test_base_features_from_the_checkpoints_train_split_give_cl2n(checkpoint, tm
     _, again = evaluate(checkpoint, tmp_path, *args, "base_features=split:train")
     assert any("base features: reusing the cache" in line for line in again)
     assert not any("extracting the train split" in line for line in again)
+
+
+@pytest.mark.parametrize("methods,named,not_named", [
+    ("[putm,simpleshot]", ["simpleshot cannot subtract", "L2N"], ["bavardage", "BAVARDAGE", "bdcspn"]),
+    ("[bdcspn,bavardage]", ["bdcspn cannot subtract", "bavardage centres each task on the mean of its own rows"],
+     ["simpleshot", "laplacianshot"]),
+    ("[bavardage]", ["bavardage centres each task"], ["cannot subtract", "L2N"]),
+])
+def test_the_cl2n_notice_names_only_the_methods_that_run(methods, named, not_named):
+    """Kills: a notice that always mentions BAVARDAGE (or every CL2N method) whatever the run evaluates."""
+    from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
+    from lightning_putm.evaluation.sources import load_base_statistics
+
+    lines: list[str] = []
+    load_base_statistics(settings_from_config(load_evaluate_config([f"methods={methods}", "base_features=null"])),
+                         dim=4, log=lines.append)
+    assert len(lines) == 1 and lines[0].startswith("notice: no base_features file given, so ")
+    assert all(text in lines[0] for text in named) and not any(text in lines[0] for text in not_named), lines[0]
+
+
+def test_bavardage_without_task_centring_is_one_of_the_l2n_methods():
+    from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
+    from lightning_putm.evaluation.sources import missing_base_notice
+
+    settings = settings_from_config(load_evaluate_config(["methods=[bavardage,putm]", "base_features=null",
+                                                          "method.bavardage.task_centring=false"]))
+    notice = missing_base_notice(settings)
+    assert "bavardage cannot subtract the base-class mean (CL2N) and use plain L2 normalisation" in notice
+    assert "centres" not in notice
+    assert missing_base_notice(settings_from_config(load_evaluate_config(["methods=[putm,ptmap]"]))) == ""
+
+
+def _recording(checkpoint: Path, folder: Path, data_config: dict) -> Path:
+    """A copy of ``checkpoint`` at ``folder`` whose hyper-parameters record ``data_config``."""
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    payload["hyper_parameters"] = {**payload["hyper_parameters"], "data_config": data_config}
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(payload, folder / "best.ckpt")
+    return folder / "best.ckpt"
+
+
+OMNIGLOT_RECORD = {"name": "omniglot", "root": "/data/omniglot", "image_size": 28, "normalize": None,
+                   "eval_resize": 1.0, "options": {"scheme": "vinyals_protonets", "rotations": [0, 90, 180, 270],
+                                                   "image_size": 28}}
+
+
+@pytest.mark.parametrize("extra,listed", [
+    ([], ["CKPT", "tasks=7"]),
+    (["data.eval_batch_size=9"], ["CKPT", "data.eval_batch_size=9", "tasks=7"]),
+    (["data=digits", "force_data=true"], ["data=digits", "CKPT", "force_data=true", "tasks=7"]),
+])
+def test_settings_changed_lists_what_the_user_set_not_what_the_checkpoint_records(checkpoint, tmp_path, extra,
+                                                                                   listed):
+    """A checkpoint trained on Omniglot: its data group and recorded settings are the run's defaults. Kills: comparing
+    with conf/evaluate.yaml's own defaults, which listed 14 data.* keys the user never set."""
+    from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
+    from lightning_putm.jobs.evaluate import describe
+
+    recorded = _recording(checkpoint, tmp_path / "omniglot" / "conv4" / "run1" / "classifier", OMNIGLOT_RECORD)
+    cfg = load_evaluate_config([f"checkpoint={recorded}", "tasks=7", *extra])
+    assert cfg.data.name == ("digits" if extra[:1] == ["data=digits"] else "omniglot")
+    [line] = [line for line in describe(cfg, settings_from_config(cfg)).splitlines()
+              if line.startswith("settings changed from the defaults: ")]
+    shown = line.removeprefix("settings changed from the defaults: ").split(", ")
+    assert shown == [f"checkpoint={recorded}" if item == "CKPT" else item for item in listed], shown
+
+
+def test_a_config_file_rerun_lists_the_files_changes_not_the_checkpoints_data(checkpoint, tmp_path):
+    """``config=`` file values the user set count as changes; the data the checkpoint records still does not."""
+    from lightning_putm.config import to_yaml
+    from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
+    from lightning_putm.jobs.evaluate import describe
+
+    recorded = _recording(checkpoint, tmp_path / "omniglot" / "conv4" / "run1" / "classifier", OMNIGLOT_RECORD)
+    saved = tmp_path / "config.yaml"
+    saved.write_text(to_yaml(load_evaluate_config([f"checkpoint={recorded}", "seed=3", "method.putm.rho=0.7"])))
+    cfg = load_evaluate_config([f"config={saved}", "tasks=5"])
+    line = describe(cfg, settings_from_config(cfg)).splitlines()[-1]
+    assert line == (f"settings changed from the defaults: checkpoint={recorded}, tasks=5, seed=3, "
+                    "method.putm.rho=0.7")
+
+
+def test_checkpoint_runs_are_named_by_dataset_backbone_run_and_stage(checkpoint, tmp_path):
+    """Every checkpoint is best.ckpt or last.ckpt: the run name comes from the folders train_backbone.py writes."""
+    from lightning_putm.evaluation.settings import checkpoint_run_name, load_evaluate_config, settings_from_config
+
+    run_folder = checkpoint.parent.parent.resolve().name
+    assert checkpoint.parent.parent.name == "latest" and run_folder != "latest"
+    settings = settings_from_config(load_evaluate_config([f"checkpoint={checkpoint}"]))
+    assert settings.name == f"digits-conv4-{run_folder}-classifier-last"
+    best = tmp_path / "checkpoints" / "cub" / "resnet12" / "2026-01-02_03-04-05" / "s2m2r" / "best.ckpt"
+    assert checkpoint_run_name(best) == "cub-resnet12-2026-01-02_03-04-05-s2m2r"
+    assert checkpoint_run_name(tmp_path / "models" / "best.ckpt") == "models-best"  # not train_backbone.py's layout
+    assert checkpoint_run_name(tmp_path / "mine.ckpt") == "mine"
+    named = settings_from_config(load_evaluate_config([f"checkpoint={checkpoint}", "name=mine"]))
+    assert named.name == "mine"
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -6,6 +6,9 @@ read, written or logged.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,7 +25,8 @@ from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.loggers import LOGGERS
 from lightning_putm.methods import available_methods, build_method, method_uses_base_mean
 from lightning_putm.runs import run_name
-from lightning_putm.validators import as_list, flag, integer, is_number, memory_budget, parse_alpha
+from lightning_putm.validators import (as_list, choice, did_you_mean, flag, integer, is_number, memory_budget,
+                                       parse_alpha)
 
 DEMO_TASKS = 100
 DEFAULT_TASKS = 1000
@@ -44,6 +48,8 @@ BASE_SPLIT_PREFIX = "split:"
 #: Where ``output_dir=auto`` puts run folders: ``<RUN_ROOT>/<date>/<time>-<name>``.
 RUN_ROOT = Path("outputs/evaluate")
 BASE_SPLITS = ("train", "val")
+#: The file names ``train_backbone.py`` gives every stage's checkpoints.
+CHECKPOINT_FILES = ("best", "last")
 #: ``conf/method/presets/<method>/<preset>.yaml``: named sets of a method's values (``method.putm.preset=paper``).
 PRESET_FOLDER = "presets"
 PRESET_KEY = "preset"
@@ -150,8 +156,8 @@ def apply_presets(cfg: DictConfig, overrides: Sequence[str], defaults_too: bool 
     for name, preset in chosen.items():
         if name not in cfg.method or PRESET_KEY not in cfg.method[name]:
             with_presets = [m for m in cfg.method if PRESET_KEY in cfg.method[m]]
-            raise ConfigError(f"`method.{name}.preset`: {name!r} has no presets; methods with presets: "
-                              f"{', '.join(with_presets) or '(none)'}")
+            raise ConfigError(f"`method.{name}.preset`: {name!r} has no presets; {did_you_mean(name, with_presets)}"
+                              f"methods with presets: {', '.join(with_presets) or '(none)'}")
     for name in list(cfg.method):
         if PRESET_KEY not in cfg.method[name] or (name not in chosen and not defaults_too):
             continue
@@ -162,7 +168,8 @@ def apply_presets(cfg: DictConfig, overrides: Sequence[str], defaults_too: bool 
             raise ConfigError(f"`method.{name}.preset={preset}` is now `method.{name}.preset={renamed}` (same values): "
                               f"{why}")
         if preset not in options:
-            raise ConfigError(f"`method.{name}.preset` must be one of {', '.join(options)}; got {preset!r}")
+            raise ConfigError(f"`method.{name}.preset` must be one of {', '.join(options)}; got {preset!r}"
+                              + (f"; {did_you_mean(preset, options).strip()}" if did_you_mean(preset, options) else ""))
         values = load_yaml(conf_dir() / "method" / PRESET_FOLDER / name / f"{preset}.yaml")
         unknown = sorted(str(k) for k in values if k not in cfg.method[name] or k == PRESET_KEY)
         if unknown:
@@ -187,11 +194,42 @@ def checkpoint_data_config(overrides: Sequence[str]) -> dict[str, Any] | None:
         path = None if path is None else str(path)
     if path in (None, "", "null") or not Path(path).is_file():
         return None
+    file = Path(path)
+    stat = file.stat()
+    recorded = _recorded_data_config(str(file.resolve()), stat.st_mtime_ns, stat.st_size)
+    return copy.deepcopy(recorded)
+
+
+@functools.lru_cache(maxsize=8)
+def _recorded_data_config(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None:
+    """The checkpoint's ``data_config``, read once per file version (the console summary asks again, and a
+    checkpoint of a large backbone takes seconds to load)."""
     try:
         recorded = (read_checkpoint(path).get("hyper_parameters") or {}).get("data_config")
     except DataError:
         return None
     return dict(recorded) if isinstance(recorded, dict) and recorded.get("name") else None
+
+
+def checkpoint_run_name(checkpoint: Path) -> str:
+    """A run name that says which checkpoint was evaluated: ``<dataset>-<backbone>-<run>-<stage>``.
+
+    ``train_backbone.py`` writes ``<checkpoint_dir>/<dataset>/<backbone>/<run>/<stage>/{best,last}.ckpt``, so the
+    file's own name (``best``) tells nothing; the folders do (``latest`` is followed to the run it points at).
+    ``last.ckpt`` adds ``-last``. A checkpoint elsewhere is named by its folder and file (``models-best``) when its
+    file name is one of those two, else by its file name.
+    """
+    folder = checkpoint.expanduser().parent
+    with contextlib.suppress(OSError):
+        folder = folder.resolve()  # <run> = latest → the run folder it points at
+    stem = checkpoint.stem
+    if stem not in CHECKPOINT_FILES:
+        return stem
+    parts = folder.parts
+    suffix = "" if stem == "best" else f"-{stem}"
+    if len(parts) >= 5 and parts[-4] in group_options("data"):  # .../<dataset>/<backbone>/<run>/<stage>
+        return "-".join(parts[-4:]) + suffix
+    return f"{folder.name}-{stem}" if folder.name else stem
 
 
 def resolve_device(name: str) -> torch.device:
@@ -238,7 +276,8 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         raise ConfigError(f"`methods` is empty; choose from {', '.join(available_methods())}")
     for name in methods:
         if name not in available_methods():
-            raise ConfigError(f"unknown method {name!r}; available methods: {', '.join(available_methods())}")
+            raise ConfigError(f"unknown method {name!r}; {did_you_mean(name, available_methods())}available methods: "
+                              f"{', '.join(available_methods())}")
     ways = integer(cfg.ways, "ways", 2)
     shots = as_list(cfg.shots)
     if not shots or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shots):
@@ -282,8 +321,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     elif features == "auto":
         features = "demo"
     split = str(cfg.split)
-    if split not in SPLITS:
-        raise ConfigError(f"`split` must be one of {', '.join(SPLITS)}, got {split!r}")
+    choice(split, "split", SPLITS)
     if cfg.output_dir is None or str(cfg.output_dir).strip() in ("", "None", "null"):
         raise ConfigError("`output_dir` must be a folder path or auto (a new run folder), e.g. output_dir=outputs/mine")
     output_dir = None if str(cfg.output_dir) == "auto" else Path(str(cfg.output_dir))
@@ -294,12 +332,11 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
             and not Path(base_features).is_file():
         raise ConfigError(f"base_features: file not found: {base_features}; give a feature file of the base classes "
                           "from the same backbone, base_features=split:train with a checkpoint, or base_features=null")
-    source = checkpoint.stem if checkpoint is not None else Path(features).stem
+    source = checkpoint_run_name(checkpoint) if checkpoint is not None else Path(features).stem
     name = run_name(None if cfg.get("name") in (None, "") else str(cfg.name), source)
     for key in ("refresh_features", "plots", "progress", "allow_pickle"):
         flag(cfg[key], key)
-    if str(cfg.logger) not in LOGGERS:
-        raise ConfigError(f"`logger` must be one of {', '.join(LOGGERS)}, got {cfg.logger!r}")
+    choice(cfg.logger, "logger", LOGGERS)
     return EvaluationSettings(
         features=features,
         methods=methods,

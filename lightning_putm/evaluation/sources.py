@@ -23,6 +23,7 @@ from lightning_putm.data.digits import digits_feature_set
 from lightning_putm.data.imagesplit import ImageSplit
 from lightning_putm.data.transforms import eval_transform
 from lightning_putm.errors import FeatureError
+from lightning_putm.evaluation.progress import extraction_bar
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, EvaluationSettings
 from lightning_putm.extraction import FeatureCache, FeatureCacheKey, file_sha256, load_checkpoint_backbone
 from lightning_putm.feature_modules import BackboneFeatures, FeatureCollector, FeatureRows, FeatureRowsDataModule
@@ -51,13 +52,10 @@ class BaseStatistics:
 
 def load_base_statistics(settings: EvaluationSettings, dim: int, log: Callable[[str], None] = print) -> BaseStatistics:
     """The statistics of ``base_features`` that the selected methods use, or none with one notice when it is not set."""
-    users = [name for name in settings.methods if method_uses_base_mean(name)]
     if settings.base_features is None:
-        if users:
-            log(f"notice: no base_features file given, so {', '.join(users)} cannot subtract the base-class "
-                "mean (CL2N) and use plain L2 normalisation (L2N) instead (BAVARDAGE centres each task on its own "
-                "mean); pass base_features=<file> with features of the base classes from the same backbone (with "
-                "checkpoint=: base_features=split:train)")
+        notice = missing_base_notice(settings)
+        if notice:
+            log(notice)
         return BaseStatistics()
     base = load_features(settings.base_features, allow_pickle=settings.allow_pickle)
     base.check_finite(f"base features from {settings.base_features}")
@@ -74,6 +72,28 @@ def load_base_statistics(settings: EvaluationSettings, dim: int, log: Callable[[
     if any(method_uses_base_covariance(name) for name in settings.methods):
         covariance = base_within_class_scatter(base.features, base.labels, mean)
     return BaseStatistics(mean, covariance)
+
+
+def missing_base_notice(settings: EvaluationSettings) -> str:
+    """The one notice of a run without ``base_features``: which of ITS methods fall back to what, and the fix.
+
+    Only the methods this run evaluates are named; BAVARDAGE is named for its own fallback (it centres each task
+    on the mean of the task's rows) only when it runs with ``task_centring`` on, else it is one of the L2N ones.
+    """
+    users = [name for name in settings.methods if method_uses_base_mean(name)]
+    centring = [name for name in users if name == "bavardage"
+                and settings.method_params.get(name, {}).get("task_centring", True)]
+    plain = [name for name in users if name not in centring]
+    if not users:
+        return ""
+    said = []
+    if plain:
+        said.append(f"{', '.join(plain)} cannot subtract the base-class mean (CL2N) and use plain L2 normalisation "
+                    "(L2N) instead")
+    if centring:
+        said.append("bavardage centres each task on the mean of its own rows instead of the base-class mean")
+    return (f"notice: no base_features file given, so {'; '.join(said)}; pass base_features=<file> with features "
+            "of the base classes from the same backbone (with checkpoint=: base_features=split:train)")
 
 
 def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Callable[[str], None] = print) -> tuple[Any, Any, FeatureCache | None]:
@@ -179,7 +199,8 @@ def extract_split(module: BackboneFeatures, datamodule: FewShotDataModule, split
     """Features of ``split`` (the test loop of ``datamodule``) through ``module``, on one device."""
     collector = FeatureCollector(split)
     options = {k: v for k, v in settings.trainer.items() if k in ("accelerator", "precision")}
-    trainer = build_trainer(options, devices=1, logger=False, callbacks=[collector], enable_checkpointing=False,
+    trainer = build_trainer(options, devices=1, logger=False, enable_checkpointing=False,
+                            callbacks=[collector, *extraction_bar(settings.progress)],
                             enable_progress_bar=settings.progress, enable_model_summary=False,
                             default_root_dir=str(settings.output_dir))
     trainer.test(module, datamodule=datamodule, verbose=False)

@@ -25,14 +25,14 @@ from lightning_putm.evaluation.settings import (BASE_SPLIT_PREFIX, apply_presets
 from lightning_putm.evaluation.sources import base_split_features
 from lightning_putm.extraction import file_sha256, load_checkpoint_backbone
 from lightning_putm.features import load_features
-from lightning_putm.help import format_rows, rows, yaml_comments
+from lightning_putm.help import format_rows, help_width, paragraph, rows, usage, yaml_comments
 from lightning_putm.methods import (available_methods, build_method, method_uses_base_covariance,
                                     method_uses_base_mean)
 from lightning_putm.methods.bavardage import base_within_class_scatter
 from lightning_putm.prediction import (PredictionImages, checkpoint_image_reader, estimated_counts,
                                        extract_features, predict_task, read_folders, summary_table,
                                        write_counts, write_predictions)
-from lightning_putm.validators import integer, memory_budget
+from lightning_putm.validators import did_you_mean, integer, memory_budget
 
 REQUIRED = {"checkpoint": "a .ckpt written by train_backbone.py", "support": "a folder with one sub-folder per class",
             "query": "a folder of unlabelled images"}
@@ -77,7 +77,8 @@ def load_predict_config(overrides: Sequence[str]) -> tuple[DictConfig, str]:
     cfg = load_yaml(conf_dir() / "predict.yaml")
     name = str(cfg.method) if chosen is None else chosen
     if name not in available_methods():
-        raise ConfigError(f"unknown method {name!r}; available methods: {', '.join(available_methods())}")
+        raise ConfigError(f"unknown method {name!r}; {did_you_mean(name, available_methods())}available methods: "
+                         f"{', '.join(available_methods())}")
     cfg.method = {n: load_group("method", n) for n in group_options("method")}
     cfg, overrides = apply_presets(cfg, overrides)
     return apply_overrides(cfg, overrides), name
@@ -220,14 +221,11 @@ def run_predict(overrides: Sequence[str], log: Callable[[str], None] = print) ->
 def predict_help(summary: str) -> str:
     """``evaluate.py predict --help``: every key of ``conf/predict.yaml`` with type, default and meaning."""
     path = conf_dir() / "predict.yaml"
-    cfg = load_yaml(path)
-    comments = yaml_comments(path)
-    table = [("method", "str", str(cfg.method), comments.get("method", ""))] + rows(cfg, comments, "")
-    order = list(cfg.keys())
-    table.sort(key=lambda row: order.index(row[0].split(".")[0]) if row[0].split(".")[0] in order else len(order))
-    return "\n".join([summary.strip(), "",
-                      "Usage: python evaluate.py predict checkpoint=<ckpt> support=<folder> query=<folder> "
-                      "[key=value ...]",
-                      "", "Keys of conf/predict.yaml (key, type, default, meaning):", format_rows(table), "",
-                      "method.<name>.<key>=value sets a method's settings as in evaluate.py (python evaluate.py --help "
-                      "lists them)."])
+    width = help_width()
+    table = rows(load_yaml(path), yaml_comments(path), "", skip=())  # `method` is a name here, not the group
+    return "\n".join([paragraph(summary, width), "",
+                      usage([("python evaluate.py predict checkpoint=<ckpt> support=<folder> query=<folder> "
+                              "[key=value ...]", "")], width),
+                      "", "Keys of conf/predict.yaml (key, type, default, meaning):", format_rows(table, width), "",
+                      paragraph("method.<name>.<key>=value sets a method's settings as in evaluate.py (python "
+                                "evaluate.py --help lists them).", width)])

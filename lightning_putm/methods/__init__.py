@@ -19,6 +19,7 @@ from lightning_putm.methods.ptmap import PTMAP
 from lightning_putm.methods.putm import PUTM
 from lightning_putm.methods.simpleshot import SimpleShot
 from lightning_putm.methods.tim import TIMGD, AlphaTIM
+from lightning_putm.validators import did_you_mean
 
 #: name → factory(params, context). The context holds shots, balanced, show_progress, memory_budget_mb,
 #: base_mean (a ``[d]`` base-class feature mean, or None) and query_counts (the true ``[T, N]`` query counts,
@@ -133,7 +134,8 @@ def method_uses_class_prior(name: str) -> bool:
 def build_method(name: str, params: dict[str, Any] | None = None, **context: Any) -> FewShotMethod:
     """Build method ``name`` with hyper-parameters ``params`` for one evaluation setting ``context``."""
     if name not in METHOD_REGISTRY:
-        raise ConfigError(f"unknown method {name!r}; available methods: {', '.join(available_methods())}")
+        raise ConfigError(f"unknown method {name!r}; {did_you_mean(name, available_methods())}available methods: "
+                         f"{', '.join(available_methods())}")
     try:
         return METHOD_REGISTRY[name](dict(params or {}), context)
     except ConfigError:
