@@ -153,3 +153,17 @@ def test_command_line_arguments_reach_every_run_as_typed(tmp_path):
 
     args = Study(sweep, tmp_path / "s").arguments({"method.putm.rho": 0.0}, tmp_path / "s" / "runs" / "x")
     assert "checkpoint=null" in args and "alphas=[1,2]" in args and not any(a.startswith("checkpoint=$") for a in args)
+
+
+def test_study_option_and_sweep_method_typos_suggest_the_fix(tmp_path):
+    """Kills: a misspelt --option or sweep `method` answered with the full list only (the fix is not read first)."""
+    from lightning_putm.errors import ConfigError
+    from lightning_putm.jobs.study import parse_options, read_sweep
+
+    with pytest.raises(ConfigError, match=r"unknown option --storag; did you mean --storage\? options: --storage"):
+        parse_options(["--storag", "sqlite:///x.db"])
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("program: evaluate.py\nmethod: gird\nmetric: {name: fewshot/putm/acc}\n"
+                     "parameters: {tasks: {values: [1, 2]}}\n")
+    with pytest.raises(ConfigError, match=r"method must be one of grid, random, bayes, got 'gird'; did you mean grid\?$"):
+        read_sweep(sweep)

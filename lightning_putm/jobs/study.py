@@ -25,6 +25,7 @@ import itertools
 import json
 import math
 import re
+import shlex
 import time
 import warnings
 from dataclasses import dataclass
@@ -36,9 +37,12 @@ import yaml
 from lightning_putm.config import split_override
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
+from lightning_putm.evaluation.progress import Eta, format_duration
 from lightning_putm.evaluation.report import worst_gain
-from lightning_putm.evaluation.study_summary import StudyRow, write_study_summary
+from lightning_putm.evaluation.study_summary import StudyRow, with_intervals, write_study_summary
+from lightning_putm.loggers import WANDB_LINE
 from lightning_putm.runs import slug
+from lightning_putm.validators import did_you_mean
 
 #: Where studies keep their storage, runs and summary: ``<STUDY_ROOT>/<sweep name>/``.
 STUDY_ROOT = Path("outputs/studies")
@@ -86,7 +90,8 @@ def read_sweep(path: Path, overrides: Sequence[str] = ()) -> Sweep:
         raise ConfigError(f"{path}: program must be evaluate.py, got {spec.get('program')!r}")
     method = str(spec.get("method", ""))
     if method not in METHODS:
-        raise ConfigError(f"{path}: method must be one of {', '.join(METHODS)}, got {method!r}")
+        raise ConfigError(f"{path}: method must be one of {', '.join(METHODS)}, got {method!r}"
+                          + (f"; {did_you_mean(method, METHODS).strip()}" if did_you_mean(method, METHODS) else ""))
     metric = spec.get("metric") or {}
     name = str(metric.get("name", ""))
     if not METRIC.match(name):
@@ -161,6 +166,26 @@ def point_key(point: dict[str, Any]) -> str:
     return f"{slug(readable, 80)}-{digest}"
 
 
+def storage_url(url: str) -> str:
+    """``--storage`` as SQLAlchemy opens it. ``postgresql://`` (or ``postgres://``) means psycopg 3, the driver of
+    the ``postgres`` extra: SQLAlchemy 2.0 would otherwise look for psycopg2. A missing driver is named here, before
+    anything is written."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigError(f"--storage {url!r} is not a database URL; give sqlite:///path/to/study.db or "
+                          "postgresql://user@host/database")
+    if scheme not in ("postgresql", "postgres", "postgresql+psycopg"):
+        return url
+    import importlib.util
+
+    if importlib.util.find_spec("psycopg") is not None:
+        return f"postgresql+psycopg://{rest}"
+    if scheme != "postgresql+psycopg" and importlib.util.find_spec("psycopg2") is not None:
+        return f"postgresql://{rest}"
+    raise ConfigError(f"--storage {scheme}://...: the PostgreSQL driver psycopg is not installed; "
+                      "pip install 'psycopg[binary]' (in a clone of this repository: pip install -e '.[postgres]')")
+
+
 def metric_value(metric: str, summaries: Sequence[Any]) -> float:
     """The metric of one run from its per-setting summaries: one setting's accuracy, the mean over the run's, or
     the worst margin of one method over another (:func:`~lightning_putm.evaluation.report.worst_gain`)."""
@@ -178,15 +203,29 @@ def metric_value(metric: str, summaries: Sequence[Any]) -> float:
     return float(sum(s.accuracy for s in chosen) / len(chosen))
 
 
+def metric_parts(metric: str) -> dict[str, str | None]:
+    """The named parts of a study metric (``method``, ``shots``, ``alpha``, ``gainer``, ``other``; unused ones
+    ``None``): what the summary needs to compute its CI and SimpleShot's value of the same metric."""
+    match = METRIC.match(metric)
+    if match is None:
+        raise ConfigError(f"metric must be {METRIC_FORMS}, got {metric!r}")
+    return {k: match.group(k) for k in ("method", "shots", "alpha", "gainer", "other")}
+
+
 class Study:
     """One sweep as an Optuna study with heartbeats: every process running it takes the next unfinished point."""
 
     def __init__(self, sweep: Sweep, folder: Path, storage: str | None = None, heartbeat_s: int = 10,
                  grace_s: int = 30, seed: int = 0, log: Callable[[str], None] = print) -> None:
         self.sweep, self.folder, self.log = sweep, folder, log
-        self.storage_url = storage or f"sqlite:///{(folder / 'study.db').resolve()}"
+        self.storage_url = storage_url(storage) if storage else f"sqlite:///{(folder / 'study.db').resolve()}"
         self.heartbeat_s, self.grace_s, self.seed = heartbeat_s, grace_s, seed
         self._study = None
+
+    @property
+    def storage_label(self) -> str:
+        """The storage URL as it may be printed: without its password."""
+        return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", self.storage_url)
 
     # ------------------------------------------------------------------------------------------- checks
     def check(self) -> None:
@@ -218,19 +257,40 @@ class Study:
     def study(self):
         if self._study is None:
             import optuna
-            from optuna.storages import RDBStorage
 
             optuna.logging.set_verbosity(optuna.logging.ERROR)  # a failed run is reported once, by our own error
             # heartbeats are marked experimental in Optuna; they are what makes a dead process's run free again
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
             warnings.filterwarnings("ignore", message=r".*fail_stale_trials is experimental")
             self.folder.mkdir(parents=True, exist_ok=True)
-            storage = RDBStorage(self.storage_url, heartbeat_interval=self.heartbeat_s, grace_period=self.grace_s)
+            storage = self._open_storage()
             sampler = (optuna.samplers.TPESampler(seed=self.seed) if self.sweep.method == "bayes"
                        else optuna.samplers.RandomSampler(seed=self.seed))
             self._study = optuna.create_study(study_name=self.sweep.name, storage=storage, sampler=sampler,
                                               direction=self.sweep.goal, load_if_exists=True)
         return self._study
+
+    def _open_storage(self) -> Any:
+        """The storage, with heartbeats. Machines that start on a fresh database at the same moment all create its
+        tables: all but one fail on the duplicate, and a second look finds the tables made. Other failures (no
+        server, no database, a wrong password) are one line naming the storage."""
+        from optuna.storages import RDBStorage
+        from sqlalchemy.exc import IntegrityError, ProgrammingError, SQLAlchemyError
+
+        attempts = 5
+        for attempt in range(attempts):
+            try:
+                return RDBStorage(self.storage_url, heartbeat_interval=self.heartbeat_s, grace_period=self.grace_s)
+            except (IntegrityError, ProgrammingError) as exc:  # the tables were created meanwhile: look again
+                if attempt + 1 < attempts:
+                    time.sleep(0.2 * (attempt + 1))
+                    continue
+                error = exc
+            except SQLAlchemyError as exc:
+                error = exc
+            reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+            raise ConfigError(f"--storage {self.storage_label}: cannot open it ({reason}); check that the server "
+                              "runs and that the user and the database exist") from None
 
     def finished_keys(self) -> set[str]:
         from optuna.trial import TrialState
@@ -249,15 +309,56 @@ class Study:
             point = {k: self._suggest(trial, k, spec) for k, spec in self.sweep.swept.items()}
             key = point_key(point)
             trial.set_user_attr("point_key", key)
+            if self.sweep.method == "grid" and self._claimed_elsewhere(trial._trial_id, key):
+                import optuna
+
+                raise optuna.TrialPruned(f"{key} is finished or running in another process")
             trial.set_user_attr("point", json.dumps(point, default=str))
             folder = self.folder / "runs" / key
             trial.set_user_attr("output_dir", str(folder))
-            self.log(f"[{self.sweep.name}] run {key}")
+            label = self._run_started(key)
             summaries = [r.summary() for r in run(self.arguments(point, folder))]
             trial.set_user_attr("settings", json.dumps([{"method": s.method, "shots": s.shots, "alpha": s.alpha_label,
                                                           "accuracy": s.accuracy, "ci95": s.ci95} for s in summaries]))
-            return metric_value(self.sweep.metric, summaries)
+            value = metric_value(self.sweep.metric, summaries)
+            self._run_done(label, value)
+            return value
         return evaluate
+
+    # ------------------------------------------------------------------------------------------- progress
+    def _start_progress(self, max_runs: int | None) -> None:
+        """Count the runs of this process: ``run i/N`` numbers them among all the study's runs, the ETA comes
+        from the pace of the runs solved here (runs finished earlier or elsewhere took no time here)."""
+        self.total_runs = len(self.sweep.points()) if self.sweep.method == "grid" else int(self.sweep.run_cap or 0)
+        self.finished_before = len(self.finished_keys())
+        left = max(0, self.total_runs - self.finished_before)
+        self.eta = Eta(left if max_runs is None else min(left, max_runs))
+        self.current_run: str | None = None
+
+    def _run_started(self, key: str) -> str:
+        if getattr(self, "eta", None) is None:
+            self._start_progress(None)
+        label = f"run {self.finished_before + int(self.eta.done) + 1}/{self.total_runs}"
+        self.current_run, self.run_started = f"{label} ({key})", self.eta.elapsed
+        self.log(f"[{self.sweep.name}] {label} {key}")
+        return label
+
+    def _run_done(self, label: str, value: float) -> None:
+        took = format_duration(self.eta.elapsed - self.run_started)
+        self.eta.advance(1)
+        self.current_run = None
+        self.log(f"[{self.sweep.name}] {label} done in {took}: {self.sweep.metric} = {value:.2f}; {self.eta.text()}")
+
+    def _claimed_elsewhere(self, trial_id: int, key: str) -> bool:
+        """Whether another trial has finished this point or is running it. Two processes that look for a free
+        point at the same moment both enqueue it, and a process killed between enqueueing and starting leaves its
+        point waiting for whoever comes next. Each trial records its point, then looks: of two trials of one point
+        at least the later one to look sees the other, so a point never runs twice at once (both may step aside;
+        the loop then offers the point again)."""
+        from optuna.trial import TrialState
+
+        trials = self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
+        return any(t.user_attrs.get("point_key") == key for t in trials if t._trial_id != trial_id)
 
     @staticmethod
     def _suggest(trial: Any, key: str, spec: dict[str, Any]) -> Any:
@@ -279,6 +380,7 @@ class Study:
 
         objective, done_here = self.objective(run), 0
         limit = max_runs if max_runs is not None else self.sweep.run_cap
+        self._start_progress(max_runs)
         while limit is None or done_here < limit:
             fail_stale_trials(self.study)  # runs whose process stopped beating: failed, their points free again
             if self.sweep.method == "grid":
@@ -308,14 +410,16 @@ class Study:
         from optuna.trial import TrialState
 
         rows, seen = [], set()
+        parts = metric_parts(self.sweep.metric)
         for trial in self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
             key = trial.user_attrs.get("point_key")
             if key is None or key in seen:
                 continue
             seen.add(key)
-            rows.append(StudyRow(point=json.loads(trial.user_attrs["point"]), metric=float(trial.value), key=key,
-                                 output_dir=trial.user_attrs.get("output_dir", ""),
-                                 settings=json.loads(trial.user_attrs.get("settings", "[]"))))
+            row = StudyRow(point=json.loads(trial.user_attrs["point"]), metric=float(trial.value), key=key,
+                           output_dir=trial.user_attrs.get("output_dir", ""),
+                           settings=json.loads(trial.user_attrs.get("settings", "[]")))
+            rows.append(with_intervals(row, parts))  # the metric's 95% CI and SimpleShot's value, from the run
         return rows
 
 
@@ -336,17 +440,26 @@ def run_study(argv: Sequence[str], log: Callable[[str], None] = print,
     if run is None:
         from lightning_putm.jobs.evaluate import run_evaluate
 
-        def run(args: list[str]) -> Sequence[Any]:
-            return run_evaluate(args, log=lambda line: None)
+        def run(args: list[str]) -> Sequence[Any]:  # quiet, but for the line telling where each W&B run is
+            return run_evaluate(args, log=lambda line: log(line) if line.startswith(WANDB_LINE) else None)
 
     if not options.get("summary_only"):
         total = len(sweep.points()) if sweep.method == "grid" else sweep.run_cap
         left = total - len(study.finished_keys()) if sweep.method == "grid" else None
         log(f"study {sweep.name}: {total} run(s) in all" + (f", {left} left" if left is not None else "") +
-            f"; storage {study.storage_url}")
-        study.run(run, None if sweep.method == "grid" else (None if options.get("max_runs") is None
-                                                            else int(options["max_runs"])))
-    paths = write_study_summary(study.rows(), sweep.metric, sweep.goal, list(sweep.swept), folder, sweep.name)
+            f"; storage {study.storage_label}")
+        try:
+            study.run(run, None if sweep.method == "grid" else (None if options.get("max_runs") is None
+                                                                else int(options["max_runs"])))
+        except KeyboardInterrupt:  # Ctrl-C: finished runs are in the storage, the run in flight kept its settings
+            current = getattr(study, "current_run", None)
+            kept = f" in {current}; the finished runs and that run's finished settings" if current else \
+                "; the finished runs"
+            raise KeyboardInterrupt(
+                f"study {sweep.name} stopped{kept} are kept: re-run the same command to resume: "
+                f"python -m lightning_putm study {shlex.join(map(str, argv))}") from None
+    paths = write_study_summary(study.rows(), sweep.metric, sweep.goal, list(sweep.swept), folder, sweep.name,
+                                metric_parts(sweep.metric))
     log(f"study {sweep.name}: summary in " + ", ".join(str(p) for p in paths.values()))
     return folder
 
@@ -370,7 +483,8 @@ def parse_options(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
         if arg == "--summary-only":
             options["summary_only"] = True
         elif arg.startswith("--"):
-            raise ConfigError(f"unknown option {arg}; options: {', '.join([*names, '--summary-only'])}")
+            known = [*names, "--summary-only"]
+            raise ConfigError(f"unknown option {arg}; {did_you_mean(flag, known)}options: {', '.join(known)}")
         else:
             rest.append(arg)
         index += 1
@@ -381,4 +495,4 @@ def parse_options(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
 
 
 __all__ = ["STUDY_ROOT", "Study", "Sweep", "agent_arguments", "metric_value", "parse_options", "point_key", "read_sweep",
-           "run_study"]
+           "run_study", "storage_url"]
