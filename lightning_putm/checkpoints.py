@@ -22,8 +22,9 @@ import torch
 from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from lightning_putm.atomic import atomic_torch_save
 from lightning_putm.errors import DataError
-from lightning_putm.features import atomic_torch_save, looks_like_torch_file, unsafe_load_reason
+from lightning_putm.features import looks_like_torch_file, unsafe_load_reason
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -4,21 +4,18 @@ Transductive few-shot methods work on pre-extracted backbone features, so featur
 point between a backbone (or a file from another project) and the episode bank.
 
 * Our own format (``.pt``) is a plain dict of tensors and a JSON string, read with
-  ``torch.load(weights_only=True)``, which cannot execute code. It is written atomically (temporary
-  file + ``os.replace``) so an interrupted write never leaves a half-written file under the real name.
+  ``torch.load(weights_only=True)``, which cannot execute code. It is written atomically
+  (:mod:`lightning_putm.atomic`) so an interrupted write never leaves a half-written file under the real name.
 * The widely shared ``{int label: list of (d,) arrays}`` pickle (e.g. ``novel.plk`` from the S2M2 and
   PT-MAP code bases) runs arbitrary code when loaded, so it is read only with ``allow_pickle=True``.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import pickle
 import re
-import tempfile
-import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +23,8 @@ from typing import Any
 
 import torch
 
+from lightning_putm.atomic import atomic_torch_save
 from lightning_putm.errors import FeatureError
-from lightning_putm.signals import signals_deferred
 
 FORMAT_NAME = "lightning-putm-features"
 FORMAT_VERSION = 1
@@ -104,75 +101,6 @@ def save_features(feature_set: FeatureSet, path: str | os.PathLike) -> Path:
     }
     atomic_torch_save(payload, path)
     return path
-
-
-#: A temporary file of an earlier write to the same path untouched this long was left by a killed process.
-STALE_TEMP_SECONDS = 15 * 60
-
-
-def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """``torch.save`` to a temporary file in the same folder, fsync, then rename over ``path``.
-
-    A process killed mid-write (SIGKILL, OOM killer, power loss) leaves ``path`` as it was plus a hidden
-    ``.<name>.*.tmp`` file that is never read; the next successful write removes such leftovers once they are
-    :data:`STALE_TEMP_SECONDS` old (a write in progress keeps touching its own temporary file).
-
-    Ctrl-C and SIGTERM wait until the write is complete (:func:`~lightning_putm.signals.signals_deferred`):
-    raised inside ``torch.save`` they would fail the save with ``RuntimeError: unexpected pos``.
-    """
-    path = Path(path)
-    with signals_deferred():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(obj, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.chmod(tmp, default_file_mode())  # mkstemp makes 0600; a checkpoint or cache is as readable as any file
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        _fsync_folder(path.parent)
-        remove_stale_temps(path)
-
-
-def default_file_mode() -> int:
-    """The mode ``open()`` would give a new file under the current umask (0644 under the usual 022)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Make the rename itself durable (POSIX); best effort elsewhere."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def remove_stale_temps(path: str | os.PathLike, older_than: float = STALE_TEMP_SECONDS) -> list[Path]:
-    """Delete temporary files of interrupted writes to ``path`` not modified for ``older_than`` seconds."""
-    path = Path(path)
-    now = time.time()
-    removed = []
-    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
-        try:
-            if now - tmp.stat().st_mtime > older_than:
-                tmp.unlink()
-                removed.append(tmp)
-        except OSError:  # removed by someone else meanwhile
-            pass
-    return removed
 
 
 def looks_like_torch_file(path: str | os.PathLike) -> bool:

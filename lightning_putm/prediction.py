@@ -20,10 +20,6 @@ probabilities are the forward navigator π_f(k|j) (Tian et al., ICCV 2023, §3),
 
 from __future__ import annotations
 
-import csv
-import io
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -33,12 +29,12 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
+from lightning_putm.atomic import atomic_write_csv
 from lightning_putm.config import group_options, load_group, to_container
 from lightning_putm.data.imagesplit import decode_image
 from lightning_putm.data.registry import dataset_info
 from lightning_putm.data.transforms import eval_transform
 from lightning_putm.errors import ConfigError, DataError
-from lightning_putm.features import default_file_mode
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.tasks import TaskBatch
 
@@ -273,26 +269,8 @@ def estimated_counts(probabilities: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- CSV
 def write_csv_atomic(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
-    """Write a CSV file through a temporary file in the same folder and a rename: never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(buffer.getvalue())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, default_file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """A CSV file (``\\n`` line ends, UTF-8) written atomically: never half-written."""
+    return atomic_write_csv(path, header, rows, lineterminator="\n")
 
 
 def probability_columns(class_names: Sequence[str]) -> list[str]:

@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from lightning_putm.atomic import atomic_write_text
+
 RUN_DIR_ENV = "LIGHTNING_PUTM_RUN_DIR"
 LATEST = "latest"
 
@@ -73,7 +75,7 @@ def point_latest(root: Path, folder: Path) -> None:
         os.replace(tmp, link)
     except OSError:  # e.g. no symlink permission on Windows
         tmp.unlink(missing_ok=True)
-        (root / f"{LATEST}.txt").write_text(str(folder) + "\n")
+        atomic_write_text(root / f"{LATEST}.txt", str(folder) + "\n")
 
 
 def run_name(name: str | None, default: str) -> str:

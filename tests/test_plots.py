@@ -216,8 +216,8 @@ def test_failed_save_keeps_previous_png_and_leaves_no_temporary(tmp_path: Path, 
     before = path.read_bytes()
     pdf_before = path.with_suffix(".pdf").read_bytes()
 
-    def broken_savefig(self, fname, **kwargs):
-        Path(fname).write_bytes(b"partial")
+    def broken_savefig(self, fname, **kwargs):  # half a file, then a failure (fname: a path or an open file)
+        fname.write(b"partial") if hasattr(fname, "write") else Path(fname).write_bytes(b"partial")
         raise OSError("disk full")
 
     monkeypatch.setattr(Figure, "savefig", broken_savefig)

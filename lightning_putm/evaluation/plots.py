@@ -11,15 +11,14 @@ at 7–8 pt, no top/right spines, TrueType fonts embedded in the PDF). Methods a
 
 Only matplotlib's object API with the Agg canvas is used (no pyplot, no windows, no global figure registry), so
 the functions are safe in headless jobs and worker processes; the style is applied with ``rc_context`` and never
-leaks into the caller's matplotlib settings. Every file is written atomically: a temporary file in the
-destination folder, then ``os.replace``, so a reader never sees a half-written figure.
+leaks into the caller's matplotlib settings. Every file is written atomically (:mod:`lightning_putm.atomic`:
+a temporary file in the destination folder, then a rename), so a reader never sees a half-written figure.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from lightning_putm.atomic import atomic_savefig
 from lightning_putm.evaluation.records import Summary, as_summaries
 from lightning_putm.methods import method_display_name
 
@@ -277,21 +277,13 @@ _METADATA = {"pdf": {"CreationDate": None}, "svg": {"Date": None}, "png": {}}
 
 
 def _save(figure: Figure, paths: Sequence[Path]) -> Path:
-    """Write ``figure`` to each path atomically (temporary file in the same folder, then rename), release it,
-    and return the first path."""
+    """Write ``figure`` to each path atomically (:func:`~lightning_putm.atomic.atomic_savefig`), release it, and
+    return the first path."""
     try:
         with paper_style():
             for target in paths:
-                target.parent.mkdir(parents=True, exist_ok=True)
                 fmt = target.suffix.lstrip(".").lower()
-                # a unique name created by savefig itself, so the file gets the usual umask permissions
-                tmp_name = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-                try:
-                    figure.savefig(tmp_name, format=fmt, dpi=DPI, bbox_inches="tight", metadata=_METADATA[fmt])
-                    os.replace(tmp_name, target)
-                except BaseException:
-                    Path(tmp_name).unlink(missing_ok=True)
-                    raise
+                atomic_savefig(figure, target, format=fmt, dpi=DPI, bbox_inches="tight", metadata=_METADATA[fmt])
     finally:
         figure.clear()
     return paths[0]

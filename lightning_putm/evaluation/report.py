@@ -8,10 +8,10 @@ prototypes before and after the CT-EM refinement.
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from lightning_putm.atomic import atomic_write_dict_csv, atomic_write_text
 from lightning_putm.evaluation import plots
 from lightning_putm.evaluation.records import PROVENANCE_COLUMNS, SUMMARY_COLUMNS, Provenance, Summary
 from lightning_putm.evaluation.runner import SettingResult
@@ -92,16 +92,8 @@ def per_task_rows(results: list[SettingResult]) -> list[dict[str, Any]]:
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str] | None = None) -> Path:
-    """Write rows atomically (temporary file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    columns = columns or (list(rows[0].keys()) if rows else [])
-    with open(tmp, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
-    tmp.replace(path)
-    return path
+    """Write rows atomically (``csv.DictWriter`` defaults; the columns of the first row unless given)."""
+    return atomic_write_dict_csv(path, columns or (list(rows[0].keys()) if rows else []), rows)
 
 
 def write_report(results: Sequence[SettingResult], output_dir: Path, config_yaml: str | None = None,
@@ -114,11 +106,7 @@ def write_report(results: Sequence[SettingResult], output_dir: Path, config_yaml
         "per_task": write_csv(output_dir / "per_task.csv", per_task_rows(results)),
     }
     if config_yaml is not None:
-        config_path = output_dir / "config.yaml"
-        tmp = config_path.with_name(f".{config_path.name}.tmp")
-        tmp.write_text(config_yaml)
-        tmp.replace(config_path)
-        paths["config"] = config_path
+        paths["config"] = atomic_write_text(output_dir / "config.yaml", config_yaml)
     return paths
 
 

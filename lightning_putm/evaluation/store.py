@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from lightning_putm.atomic import atomic_torch_save
 from lightning_putm.validators import alpha_label
 
 #: Folder under ``output_dir`` that holds one file per finished setting.
@@ -99,16 +99,15 @@ class SettingStore:
 
     def save(self, method: str, shots: int, alpha: float | None, inputs: dict[str, Any], accuracies: torch.Tensor,
              seconds: float, precision: str, oracle_prior: bool) -> Path | None:
-        """Write one finished setting atomically (temporary file, then rename); nothing on read-only ranks."""
+        """Write one finished setting atomically (:mod:`lightning_putm.atomic`); nothing on read-only ranks."""
         path = self.path(method, shots, alpha)
         if not self.writable:
             return None
         self.folder.mkdir(parents=True, exist_ok=True)
         meta = {"format": FORMAT, "fingerprint": fingerprint(inputs), "inputs": _jsonable(inputs),
                 "seconds": seconds, "precision": precision, "oracle_prior": oracle_prior}
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save({"accuracies": accuracies.detach().to("cpu", torch.float64).clone(), "meta": json.dumps(meta)}, tmp)
-        os.replace(tmp, path)
+        atomic_torch_save({"accuracies": accuracies.detach().to("cpu", torch.float64).clone(),
+                           "meta": json.dumps(meta)}, path)
         self.written.append(path)
         return path
 

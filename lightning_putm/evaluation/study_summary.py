@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from lightning_putm.atomic import atomic_savefig, atomic_write_text
 from lightning_putm.evaluation.report import write_csv
 
 #: The baseline drawn next to every study's metric when the runs evaluated it.
@@ -282,7 +283,7 @@ def write_study_summary(rows: Sequence[StudyRow], metric: str, goal: str, swept:
             f"- {note}\n" for note in summary_notes(rows, parts, swept))
     else:
         text += "No run has finished yet.\n"
-    paths["markdown"] = _write_text(folder / "summary.md", text)
+    paths["markdown"] = atomic_write_text(folder / "summary.md", text)
     if rows:
         paths.update(plot_study(rows, metric, goal, swept, folder, title, parts))
     return paths
@@ -367,11 +368,7 @@ def plot_study(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence
     figure = study_figure(rows, metric, goal, swept, title, parts)
     paths = {}
     for suffix, options in (("pdf", {"metadata": {"CreationDate": None}}), ("png", {"dpi": 300})):
-        target = folder / f"summary.{suffix}"
-        tmp = target.with_name(f".{target.stem}.tmp.{suffix}")
-        figure.savefig(tmp, bbox_inches="tight", **options)
-        os.replace(tmp, target)
-        paths[f"figure_{suffix}"] = target
+        paths[f"figure_{suffix}"] = atomic_savefig(figure, folder / f"summary.{suffix}", bbox_inches="tight", **options)
     return paths
 
 
@@ -476,10 +473,3 @@ def _number(value: float | None) -> str:
 
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
-
-
-def _write_text(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-    return path

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import yaml
 
+from lightning_putm.atomic import atomic_write_text
 from lightning_putm.config import load_yaml, split_override
 from lightning_putm.errors import ConfigError
 from lightning_putm.jobs.study import (STUDY_ROOT, Study, agent_arguments, metric_parts, metric_value, parse_options,
@@ -80,19 +81,18 @@ def run_tune(argv: Sequence[str], log: Callable[[str], None] = print,
     selected.split, selected.output_dir = "test", "auto"
     selected.name = f"{slug(sweep.name)}-selected"
     target = folder / "selected.yaml"
-    tmp = target.with_name(".selected.yaml.tmp")
     from omegaconf import OmegaConf
 
     tie_note = (f"; {len(tied)} points tied, " + (f"--prefer {prefer[0]}={prefer[1]}" if prefer else "the first taken")
                 if len(tied) > 1 else "")
-    tmp.write_text(f"# selected on validation episodes by `python -m lightning_putm tune {rest[0]}`: "
-                   f"{best.point} ({sweep.metric} = {best.metric:.2f} on val{tie_note})\n" + OmegaConf.to_yaml(selected))
-    tmp.replace(target)
+    header = (f"# selected on validation episodes by `python -m lightning_putm tune {rest[0]}`: "
+              f"{best.point} ({sweep.metric} = {best.metric:.2f} on val{tie_note})\n")
+    atomic_write_text(target, header + OmegaConf.to_yaml(selected))
     log(f"tune {sweep.name}: selected {best.point} ({sweep.metric} {best.metric:.2f} on validation); "
         f"evaluate it with: python evaluate.py config={target}")
     if test:
         lines = _test_report(sweep, best, rows, folder, run, log)
-        (folder / "selection.md").write_text("\n".join(lines) + "\n")
+        atomic_write_text(folder / "selection.md", "\n".join(lines) + "\n")
         log("\n".join(lines))
     return folder
 
