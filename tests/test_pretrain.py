@@ -258,8 +258,12 @@ def test_a_trainer_option_lightning_rejects_at_fit_time_is_one_clear_error(tmp_p
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
-def test_the_progress_bar_shows_stage_and_epoch_instead_of_the_logger_version(tmp_path: Path, capsys) -> None:
+def test_the_progress_bar_shows_stage_and_epoch_instead_of_the_logger_version(tmp_path: Path, capsys,
+                                                                              monkeypatch) -> None:
     """The CSV logger's version is the stage name, which Lightning's bar showed cut to `v_num=fier`."""
+    import lightning_putm.jobs.train as train_job
+
+    monkeypatch.setattr(train_job, "on_terminal", lambda: True)  # the bar is drawn on a terminal only
     args = [a for a in QUIET if a not in ("logger=none", "trainer.enable_progress_bar=false")]
     run_train_backbone(args + ["logger=csv", f"log_dir={tmp_path / 'logs'}", f"checkpoint_dir={tmp_path}",
                                "stages=[classifier]", "trainer.max_epochs=2", "trainer.limit_train_batches=2",
@@ -267,6 +271,21 @@ def test_the_progress_bar_shows_stage_and_epoch_instead_of_the_logger_version(tm
     bar = capsys.readouterr().out  # Lightning's bar writes to stdout
     assert "[classifier] epoch 1/2" in bar and "[classifier] epoch 2/2" in bar and "train/loss" in bar
     assert "v_num" not in bar
+
+
+def test_piped_training_prints_one_line_per_epoch_and_no_bar(tmp_path: Path, capsys) -> None:
+    """Not a terminal (a pipe, a job log): no bar redraws (carriage returns) but one line per epoch with the loss,
+    the validation accuracy and the time left. Kills: the bar drawn into a pipe, or no progress at all there."""
+    args = [a for a in QUIET if a != "trainer.enable_progress_bar=false"]
+    lines: list[str] = []
+    run_train_backbone(args + [f"checkpoint_dir={tmp_path}", "stages=[classifier]", "trainer.max_epochs=2",
+                               "trainer.limit_train_batches=2", "run_test=false"], log=lines.append)
+    captured = capsys.readouterr()
+    assert "\r" not in captured.out + captured.err and "epoch 1/2" not in captured.out + captured.err
+    epochs = [line for line in lines if line.startswith("[classifier] epoch ")]
+    assert [line.split(":")[0] for line in epochs] == ["[classifier] epoch 1/2", "[classifier] epoch 2/2"]
+    assert all("train/loss" in line and "val/acc" in line and "ETA" in line for line in epochs)
+    assert any(line.startswith("train_backbone: digits / conv4, stages [classifier] ") for line in lines)
 
 
 # ------------------------------------------------------------------------------------------- checkpoints
