@@ -103,30 +103,48 @@ def type_name(value: Any) -> str:
     return type(value).__name__
 
 
-def method_argument_type(method: str, key: str) -> str | None:
-    """The type a method's constructor declares for ``key`` (``float | None`` → ``float``): the schema of a
-    ``conf/method/<name>.yaml`` key whose default is ``null``."""
-    from lightning_putm.methods import METHOD_CLASSES  # the methods' signatures are their schema
+def method_option(method: str, key: str) -> Any:
+    """The declared option ``key`` of method ``method`` (an :class:`~lightning_putm.methods.options.OptionField`:
+    type, default, bounds, help), or ``None`` for an unknown method or key (``preset``)."""
+    from lightning_putm.methods import METHOD_CLASSES  # each method's settings dataclass is its schema
+    from lightning_putm.methods.options import config_fields
 
     cls = METHOD_CLASSES.get(method)
-    parameter = inspect.signature(cls.__init__).parameters.get(key) if cls is not None else None
-    if parameter is None or parameter.annotation is inspect.Parameter.empty:
+    settings = getattr(cls, "Settings", None) if cls is not None else None
+    if settings is None:
         return None
-    annotation = str(parameter.annotation if isinstance(parameter.annotation, str) else
-                     getattr(parameter.annotation, "__name__", parameter.annotation))
-    kinds = [part.strip() for part in annotation.split("|") if part.strip() not in ("None", "NoneType")]
-    kinds = ["list" if re.match(r"(Sequence|list|tuple)\b", kind) else kind for kind in kinds]
-    return "|".join(kinds) or None
+    return next((f for f in config_fields(settings) if f.name == key), None)
+
+
+def method_argument_type(method: str, key: str) -> str | None:
+    """The type a method's settings dataclass declares for ``key`` (``float | None`` → ``float``)."""
+    found = method_option(method, key)
+    return None if found is None else found.type_name
 
 
 def value_type(dotted: str, value: Any) -> str:
-    """The type column of a key: the table above, a method's signature, else the YAML default's type."""
+    """The type column of a key: the table above, a method's settings dataclass, else the YAML default's type."""
     if dotted in KEY_TYPES:
         return KEY_TYPES[dotted]
     parts = dotted.split(".")
-    if value is None and len(parts) == 3 and parts[0] == "method":
-        return method_argument_type(parts[1], parts[2]) or "null"
+    if len(parts) == 3 and parts[0] == "method":
+        return method_argument_type(parts[1], parts[2]) or type_name(value)
     return type_name(value)
+
+
+def method_comments(method: str, path: Path) -> dict[str, str]:
+    """The comments of ``conf/method/<method>.yaml`` by ``method.<method>.<key>``; a key without one gets the
+    one-line help its settings dataclass declares."""
+    prefix = f"method.{method}."
+    comments = yaml_comments(path, prefix)
+    from lightning_putm.methods import METHOD_CLASSES
+    from lightning_putm.methods.options import config_fields
+
+    settings = getattr(METHOD_CLASSES.get(method), "Settings", None)
+    for found in config_fields(settings) if settings is not None else []:
+        if not comments.get(prefix + found.name):
+            comments[prefix + found.name] = found.spec.help
+    return comments
 
 
 def show(value: Any) -> str:
@@ -246,7 +264,8 @@ def job_help(job: str, summary: str) -> str:
             title = f"method.{name}.<key>=value (conf/method/{name}.yaml):" if group == "method" else \
                 f"{key}={name} (conf/{group}/{name}.yaml) sets {key}.<key>:"
             body += ["", *_wrap(title, width, 2, 0)]
-            body.append(format_rows(rows(node, yaml_comments(path, prefix), prefix), width))
+            comments = method_comments(name, path) if group == "method" else yaml_comments(path, prefix)
+            body.append(format_rows(rows(node, comments, prefix), width))
     body += ["", paragraph("trainer.<name>=value: any pytorch_lightning.Trainer argument except the ones the job sets "
                            "itself (devices, strategy, precision, accelerator, max_epochs, ...). Unknown keys are "
                            "errors that name the closest valid keys and list them all.", width)]

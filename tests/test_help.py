@@ -150,7 +150,8 @@ def test_module_help_goes_to_stdout_and_an_unknown_command_suggests_one() -> Non
     assert "study" in out and "tune" in out and "<command> --help" in out and "python evaluate.py predict --help" in out
     code, out, err = captured(lambda: module_main(["stduy"]))
     assert code == 2 and out == ""
-    assert err.strip() == "error: unknown command 'stduy'; did you mean study? commands: study, tune"
+    assert err.strip() == ("error: unknown command 'stduy'; did you mean study? commands: evaluate, train, predict, "
+                           "study, tune, compare-presets, combine-tunes, sensitivity-figure, navigator-confidence")
 
 
 def test_study_help_lists_every_option_the_parser_accepts() -> None:

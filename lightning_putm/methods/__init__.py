@@ -1,7 +1,9 @@
 """Few-shot methods behind one interface, and the registry that builds them by name.
 
 Each method is one module; :func:`build_method` maps a config name (``methods=[putm, simpleshot]``) to
-its class with the hyper-parameters of ``conf/method/<name>.yaml`` plus command-line overrides.
+its class with the hyper-parameters of ``conf/method/<name>.yaml`` plus command-line overrides. A class's
+``Settings`` dataclass (:mod:`~lightning_putm.methods.options`) declares those hyper-parameters once: it checks
+them, and ``--help`` and ``tests/test_method_options.py`` read it.
 """
 
 from __future__ import annotations

@@ -21,12 +21,13 @@ from __future__ import annotations
 import math
 import sys
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from tqdm.auto import tqdm
 
-from lightning_putm.errors import FeatureError
+from lightning_putm.errors import ConfigError, FeatureError
+from lightning_putm.methods.options import MethodOptions
 from lightning_putm.tasks import TaskBatch
 
 #: ``memory_budget_mb: auto`` where the free memory cannot be asked (CPU): the fixed default budget.
@@ -66,9 +67,21 @@ class FewShotMethod(ABC):
     uses_base_mean: ClassVar[bool] = False
     #: True when the method whitens with the base classes' within-class scatter (BAVARDAGE) when one is given.
     uses_base_covariance: ClassVar[bool] = False
+    #: The method's options (:mod:`~lightning_putm.methods.options`): one frozen dataclass, the single source of
+    #: their names, defaults, bounds and help; ``None`` for a method without options.
+    Settings: ClassVar[type[MethodOptions] | None] = None
 
-    def __init__(self, memory_budget_mb: float | str = 2048.0, show_progress: bool = False,
-                 query_counts: torch.Tensor | None = None) -> None:
+    def __init__(self, settings: MethodOptions | None = None, *, memory_budget_mb: float | str = 2048.0,
+                 show_progress: bool = False, query_counts: torch.Tensor | None = None, shots: int | None = None,
+                 balanced: bool | None = None, **options: Any) -> None:
+        """``settings`` (a :attr:`Settings`) or keyword ``options`` (checked and converted by building one),
+        resolved for ``shots`` and the protocol (``balanced``); its fields read as attributes (``self.lr``)."""
+        if self.Settings is None:
+            if settings is not None or options:
+                raise ConfigError(f"{self.name} takes no options, got {', '.join(sorted(options)) or 'settings'}")
+        else:
+            #: The checked, resolved options (None = by setting chosen for this evaluation setting).
+            self.settings = self.Settings.build(settings, options, shots=shots, balanced=balanced)
         if memory_budget_mb != "auto" and (isinstance(memory_budget_mb, (str, bool)) or not memory_budget_mb > 0):
             raise ValueError(f"memory_budget_mb must be a positive number of MB or 'auto', got {memory_budget_mb!r}")
         if query_counts is not None and not self.uses_class_prior:
@@ -80,6 +93,14 @@ class FewShotMethod(ABC):
         self.show_progress = show_progress
         #: True per-task query counts ``[T, N]`` (oracle prior only); ``None`` in every fair evaluation.
         self.oracle_counts = None if query_counts is None else torch.as_tensor(query_counts)
+
+    def __getattr__(self, name: str) -> Any:
+        """An option of :attr:`settings` read as an attribute (``self.iterations``); only called when normal
+        lookup fails, so methods and instance attributes come first."""
+        settings = self.__dict__.get("settings")
+        if settings is not None and name in getattr(settings, "__dataclass_fields__", {}):
+            return getattr(settings, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def oracle_prior(self) -> bool:

@@ -54,12 +54,14 @@ batch.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from lightning_putm.errors import ConfigError, FeatureError
+from lightning_putm.errors import FeatureError
 from lightning_putm.methods.base import FewShotMethod
+from lightning_putm.methods.options import MethodOptions, option
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
@@ -176,6 +178,26 @@ def expected_log_likelihood(z: torch.Tensor, means: torch.Tensor, beta: torch.Te
 
 
 # ----------------------------------------------------------------------------------------- method
+@dataclass(frozen=True)
+class BAVARDAGESettings(MethodOptions):
+    method: ClassVar[str] = "bavardage"
+
+    vb_temperature: float = option(40.0, low=0, low_open=True,
+                                   help="T_vb = 1/sigma^2 of the isotropic Gaussians (mini-ImageNet/CIFAR-FS value)")
+    clip: float = option(1.0, low=0, low_open=True, help="cap on the whitening scale lambda^-1/2")
+    km_temperature: float = option(10.0, low=0, low_open=True, help="T_km of the soft k-means initialisation")
+    km_iterations: int = option(5, low=1, help="soft k-means iterations")
+    vb_iterations: int = option(5, low=0, help="variational-Bayes EM iterations")
+    beta0: float = option(10.0, low=0, low_open=True, help="prior precision factor of the class means")
+    dirichlet_prior: float = option(1.0, low=0, low_open=True,
+                                    help="alpha_0 of the symmetric Dirichlet prior on the class weights (flat)")
+    oracle_dirichlet_alpha: float | None = option(
+        None, low=0, low_open=True, null="off",
+        help="ORACLE: the benchmark's sampling alpha as prior; setting it marks results oracle_prior=true")
+    covariance_ridge: float = option(1e-6, low=0, help="added to the base within-class scatter before inversion")
+    task_centring: bool = option(True, help="without base_features: centre on the mean of the task's own rows")
+
+
 class BAVARDAGE(FewShotMethod):
     """BAVARDAGE with a flat Dirichlet prior (fair default), or labelled oracle priors."""
 
@@ -186,47 +208,15 @@ class BAVARDAGE(FewShotMethod):
     #: Whitens with the base classes' shared within-class scatter (``base_covariance``, from
     #: :func:`base_within_class_scatter` of the labelled base features); without it Σ_w = I.
     uses_base_covariance: ClassVar[bool] = True
+    Settings = BAVARDAGESettings
 
-    def __init__(
-        self,
-        balanced: bool = False,
-        shots: int | None = None,
-        base_mean: torch.Tensor | None = None,
-        base_covariance: torch.Tensor | None = None,
-        vb_temperature: float = 40.0,
-        clip: float = 1.0,
-        km_temperature: float = 10.0,
-        km_iterations: int = 5,
-        vb_iterations: int = 5,
-        beta0: float = 10.0,
-        dirichlet_prior: float = 1.0,
-        oracle_dirichlet_alpha: float | None = None,
-        covariance_ridge: float = 1e-6,
-        task_centring: bool = True,
-        **kwargs,
-    ) -> None:
-        super().__init__(**kwargs)
-        if vb_temperature <= 0 or km_temperature <= 0:
-            raise ConfigError("bavardage: vb_temperature and km_temperature must be positive")
-        if clip <= 0 or beta0 <= 0 or dirichlet_prior <= 0 or covariance_ridge < 0:
-            raise ConfigError("bavardage: clip, beta0 and dirichlet_prior must be positive, covariance_ridge >= 0")
-        if oracle_dirichlet_alpha is not None and oracle_dirichlet_alpha <= 0:
-            raise ConfigError(f"bavardage.oracle_dirichlet_alpha must be positive, got {oracle_dirichlet_alpha}")
-        if int(km_iterations) < 1 or int(vb_iterations) < 0:
-            raise ConfigError("bavardage: km_iterations must be >= 1 and vb_iterations >= 0")
+    def __init__(self, balanced: bool = False, shots: int | None = None, settings: BAVARDAGESettings | None = None,
+                 *, base_mean: torch.Tensor | None = None, base_covariance: torch.Tensor | None = None,
+                 **kwargs) -> None:
+        super().__init__(settings, shots=shots, balanced=balanced, **kwargs)
         self.balanced = bool(balanced)
         self.shots = shots
         self.base_mean = base_mean
-        self.vb_temperature = float(vb_temperature)
-        self.clip = float(clip)
-        self.km_temperature = float(km_temperature)
-        self.km_iterations = int(km_iterations)
-        self.vb_iterations = int(vb_iterations)
-        self.beta0 = float(beta0)
-        self.dirichlet_prior = float(dirichlet_prior)
-        self.oracle_dirichlet_alpha = None if oracle_dirichlet_alpha is None else float(oracle_dirichlet_alpha)
-        self.covariance_ridge = float(covariance_ridge)
-        self.task_centring = bool(task_centring)
         self.precision: torch.Tensor | None = None
         if base_covariance is not None:
             cov = torch.as_tensor(base_covariance).double()

@@ -35,11 +35,14 @@ benchmark do.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 import torch.nn.functional as F
 
-from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
+from lightning_putm.methods.options import MethodOptions, option
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
 
@@ -119,24 +122,29 @@ def rectify_prototypes(
     return weights.transpose(1, 2).bmm(rows)
 
 
+@dataclass(frozen=True)
+class BDCSPNSettings(MethodOptions):
+    method: ClassVar[str] = "bdcspn"
+
+    variant: str = option("benchmark", choices=VARIANTS,
+                          help="benchmark = the realistic-imbalance benchmark's code (PUTM's Table 1); paper = the "
+                               "paper's rectification and cosine classifier")
+    temperature: float = option(10.0, low=0, low_open=True,
+                                help="epsilon of the rectification weights and of the output softmax")
+    top_z: int | None = option(None, low=0, null="all pseudo-labelled queries",
+                               help="pseudo-labelled queries kept per class: null = all, else the top_z most similar")
+
+
 class BDCSPN(FewShotMethod):
     name = "bdcspn"
     display_name = "BD-CSPN"
     uses_base_mean = True
+    Settings = BDCSPNSettings
 
-    def __init__(self, base_mean: torch.Tensor | None = None, variant: str = "benchmark", temperature: float = 10.0,
-                 top_z: int | None = None, **kwargs) -> None:
-        super().__init__(**kwargs)
-        if variant not in VARIANTS:
-            raise ConfigError(f"bdcspn.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
-        if temperature <= 0:
-            raise ConfigError(f"bdcspn.temperature must be positive, got {temperature}")
-        if top_z is not None and int(top_z) < 0:
-            raise ConfigError(f"bdcspn.top_z must be null (all pseudo-labelled queries) or >= 0, got {top_z}")
+    def __init__(self, settings: BDCSPNSettings | None = None, *, base_mean: torch.Tensor | None = None,
+                 **kwargs) -> None:
+        super().__init__(settings, **kwargs)
         self.base_mean = base_mean
-        self.variant = variant
-        self.temperature = float(temperature)
-        self.top_z = None if top_z is None else int(top_z)
         self.last_state: dict[str, torch.Tensor] = {}
 
     @torch.no_grad()

@@ -62,12 +62,14 @@ generator draws the discarded weight initialisation first, exactly as ``torch.nn
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
+from lightning_putm.methods.options import MethodOptions, option
 from lightning_putm.methods.preprocessing import POWER_EPS, l2_normalise
 from lightning_putm.tasks import TaskBatch
 
@@ -143,66 +145,44 @@ def select_per_class(loss: torch.Tensor, labels: torch.Tensor, candidates: torch
     return chosen.any(1)
 
 
+@dataclass(frozen=True)
+class ILPCSettings(MethodOptions):
+    method: ClassVar[str] = "ilpc"
+
+    balance: str = option("auto", choices=BALANCE_CHOICES,
+                          help="class balancing of the pseudo-labels: auto = uniform on balanced tasks, none on "
+                               "Dirichlet tasks; uniform = Sinkhorn to Q/N per class; none = argmax")
+    alpha: float = option(0.8, low=0, high=1, high_open=True, why="so that I - alpha*W is invertible",
+                          help="label propagation alpha of (I - alpha*W)^-1 Y")
+    k: int = option(20, low=1, help="kNN neighbours of the graph")
+    positive_affinity: bool = option(True, help="affinity [s]_+^gamma; false = the iLPC code's s^gamma")
+    gamma: float = option(3.0, low=0, low_open=True, help="affinity = similarity^gamma")
+    power: float = option(3.0, low=0, low_open=True, help="scores^power before Sinkhorn")
+    sinkhorn_passes: int = option(1, low=1, help="power + Sinkhorn passes")
+    sinkhorn_eps: float = option(1e-6, low=0, low_open=True, help="Sinkhorn stop tolerance on the row sums")
+    sinkhorn_max_iters: int = option(1000, low=1, help="Sinkhorn iteration cap (all passes)")
+    best_samples: int = option(3, low=1, help="queries moved per class per round")
+    min_moved: int = option(5, low=1, help="stop a task when fewer queries would move")
+    denoising_iterations: int = option(100, low=1, help="SGD steps of the cleaning classifier per round")
+    lr: float = option(0.1, low=0, low_open=True, help="cleaning SGD learning rate")
+    momentum: float = option(0.9, low=0, high=1, high_open=True, help="cleaning SGD momentum")
+    weight_decay: float = option(5e-4, low=0, help="cleaning SGD weight decay (weights and bias)")
+    beta: float = option(0.5, low=0, low_open=True, help="power transform sign(x)(|x| + 1e-6)^beta")
+
+
 class ILPC(FewShotMethod):
     """iLPC: kNN label propagation + (optional) Sinkhorn balancing + loss-based label cleaning."""
 
     name = "ilpc"
     display_name = "iLPC"
     uses_class_prior = True  # the balancing marginal; true counts only under the explicit oracle switch
+    Settings = ILPCSettings
 
-    def __init__(
-        self,
-        balanced: bool = False,
-        balance: str = "auto",
-        alpha: float = 0.8,
-        k: int = 20,
-        gamma: float = 3.0,
-        power: float = 3.0,
-        sinkhorn_passes: int = 1,
-        sinkhorn_eps: float = 1e-6,
-        sinkhorn_max_iters: int = 1000,
-        best_samples: int = 3,
-        min_moved: int = 5,
-        denoising_iterations: int = 100,
-        lr: float = 0.1,
-        momentum: float = 0.9,
-        weight_decay: float = 5e-4,
-        beta: float = 0.5,
-        positive_affinity: bool = True,
-        **kwargs,
-    ) -> None:
-        super().__init__(**kwargs)
-        if balance not in BALANCE_CHOICES:
-            raise ConfigError(f"ilpc.balance must be one of {', '.join(BALANCE_CHOICES)}, got {balance!r}")
-        if not 0.0 <= alpha < 1.0:
-            raise ConfigError(f"ilpc.alpha must lie in [0, 1) so that I - alpha*W is invertible, got {alpha}")
-        if int(k) < 1 or int(best_samples) < 1 or int(min_moved) < 1:
-            raise ConfigError("ilpc: k, best_samples and min_moved must be >= 1")
-        if gamma <= 0 or power <= 0 or beta <= 0 or lr <= 0 or sinkhorn_eps <= 0:
-            raise ConfigError("ilpc: gamma, power, beta, lr and sinkhorn_eps must be positive")
-        if int(sinkhorn_passes) < 1 or int(sinkhorn_max_iters) < 1 or int(denoising_iterations) < 1:
-            raise ConfigError("ilpc: sinkhorn_passes, sinkhorn_max_iters and denoising_iterations must be >= 1")
-        if not 0.0 <= momentum < 1.0 or weight_decay < 0:
-            raise ConfigError("ilpc: momentum must lie in [0, 1) and weight_decay must be >= 0")
+    def __init__(self, balanced: bool = False, settings: ILPCSettings | None = None, **kwargs) -> None:
+        super().__init__(settings, balanced=balanced, **kwargs)
         self.balanced = bool(balanced)
-        self.balance = balance
         #: the balancing actually used without oracle counts: "uniform" or "none"
-        self.resolved_balance = ("uniform" if self.balanced else "none") if balance == "auto" else balance
-        self.alpha = float(alpha)
-        self.k = int(k)
-        self.gamma = float(gamma)
-        self.power = float(power)
-        self.sinkhorn_passes = int(sinkhorn_passes)
-        self.sinkhorn_eps = float(sinkhorn_eps)
-        self.sinkhorn_max_iters = int(sinkhorn_max_iters)
-        self.best_samples = int(best_samples)
-        self.min_moved = int(min_moved)
-        self.denoising_iterations = int(denoising_iterations)
-        self.lr = float(lr)
-        self.momentum = float(momentum)
-        self.weight_decay = float(weight_decay)
-        self.beta = float(beta)
-        self.positive_affinity = bool(positive_affinity)
+        self.resolved_balance = ("uniform" if self.balanced else "none") if self.balance == "auto" else self.balance
         self.last_state: dict[str, torch.Tensor] = {}
 
     def bytes_per_task(self, tasks: TaskBatch) -> int:

@@ -43,13 +43,15 @@ Choices, documented:
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.bdcspn import exact_squared_distances, rectify_prototypes_benchmark
+from lightning_putm.methods.options import MethodOptions, option
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
 
@@ -83,53 +85,51 @@ def laplacian_energy(y: torch.Tensor, unary: torch.Tensor, affinity: torch.Tenso
     return entropy + (unary * y).sum((1, 2)) - pairwise_scale * lmd * pairwise
 
 
+@dataclass(frozen=True)
+class LaplacianShotSettings(MethodOptions):
+    method: ClassVar[str] = "laplacianshot"
+
+    knn: int = option(3, low=1, help="neighbourhood size counting the query itself (benchmark: 3)")
+    affinity: str = option("directed", choices=AFFINITIES,
+                           help="directed = benchmark's W = A (not symmetric); symmetric = (A + A^T)/2")
+    lmd: float | None = option(None, low=0, by_setting="lmd_balanced on balanced tasks, else lmd_dirichlet",
+                               help="Laplacian weight; null = by setting from lmd_dirichlet / lmd_balanced")
+    lmd_dirichlet: tuple[float, ...] = option((1.0, 0.7), low=0, length=2,
+                                              help="lmd on Dirichlet tasks: [1 shot, more shots]")
+    lmd_balanced: tuple[float, ...] = option((0.7, 0.3), low=0, length=2,
+                                             help="lmd on balanced tasks: [1 shot, more shots]")
+    iterations: int = option(20, low=0, help="maximum number of bound updates")
+    tol: float = option(1e-6, low=0, help="stop a task when |E_new - E_old| <= tol * |E_old|")
+    energy: str = option("benchmark", choices=ENERGIES,
+                         help="stopping energy: benchmark, or half = pairwise term weighted by lmd/2")
+    proto_rect: bool | None = option(None, by_setting="true on balanced tasks, false on Dirichlet tasks",
+                                     help="BD-CSPN rectified prototypes; null = on balanced tasks only (benchmark)")
+    rect_temperature: float = option(10.0, low=0, low_open=True, help="epsilon of that rectification")
+
+    def resolve(self, *, shots: int | None, balanced: bool | None) -> LaplacianShotSettings:
+        changes: dict[str, object] = {}
+        if self.lmd is None:
+            if shots is None or balanced is None:
+                raise ConfigError("laplacianshot: shots and the protocol are needed to choose lmd; set "
+                                  "method.laplacianshot.lmd")
+            table = self.lmd_balanced if balanced else self.lmd_dirichlet
+            changes["lmd"] = table[0] if shots == 1 else table[1]
+        if self.proto_rect is None:  # the benchmark's per-protocol choice: rectify on balanced tasks only
+            changes["proto_rect"] = bool(balanced)
+        return self.replace(**changes) if changes else self
+
+
 class LaplacianShot(FewShotMethod):
     name = "laplacianshot"
     display_name = "LaplacianShot"
     uses_base_mean = True
+    Settings = LaplacianShotSettings
 
-    def __init__(
-        self,
-        shots: int,
-        balanced: bool,
-        base_mean: torch.Tensor | None = None,
-        knn: int = 3,
-        lmd: float | None = None,
-        lmd_dirichlet: Sequence[float] = (1.0, 0.7),
-        lmd_balanced: Sequence[float] = (0.7, 0.3),
-        iterations: int = 20,
-        tol: float = 1e-6,
-        proto_rect: bool | None = None,
-        rect_temperature: float = 10.0,
-        affinity: str = "directed",
-        energy: str = "benchmark",
-        **kwargs,
-    ) -> None:
-        super().__init__(**kwargs)
-        if lmd is None:
-            table = lmd_balanced if balanced else lmd_dirichlet
-            if len(table) != 2:
-                raise ConfigError("laplacianshot.lmd_dirichlet / lmd_balanced must be [1-shot value, more-shot value]")
-            lmd = table[0] if shots == 1 else table[1]
-        if float(lmd) < 0 or int(knn) < 1 or int(iterations) < 0 or tol < 0:
-            raise ConfigError("laplacianshot: lmd and tol must be >= 0, knn >= 1, iterations >= 0")
-        if affinity not in AFFINITIES:
-            raise ConfigError(f"laplacianshot.affinity must be one of {', '.join(AFFINITIES)}, got {affinity!r}")
-        if energy not in ENERGIES:
-            raise ConfigError(f"laplacianshot.energy must be one of {', '.join(ENERGIES)}, got {energy!r}")
-        if rect_temperature <= 0:
-            raise ConfigError(f"laplacianshot.rect_temperature must be positive, got {rect_temperature}")
+    def __init__(self, shots: int, balanced: bool, settings: LaplacianShotSettings | None = None, *,
+                 base_mean: torch.Tensor | None = None, **kwargs) -> None:
+        super().__init__(settings, shots=shots, balanced=balanced, **kwargs)
         self.base_mean = base_mean
-        self.knn = int(knn)
-        self.lmd = float(lmd)
-        self.iterations = int(iterations)
-        self.tol = float(tol)
-        #: None in the config = the benchmark's per-protocol choice: rectify on balanced tasks only
-        self.proto_rect = bool(balanced) if proto_rect is None else bool(proto_rect)
-        self.affinity = affinity
-        self.energy = energy
-        self.pairwise_scale = 1.0 if energy == "benchmark" else 0.5
-        self.rect_temperature = float(rect_temperature)
+        self.pairwise_scale = 1.0 if self.energy == "benchmark" else 0.5
         self.last_state: dict[str, torch.Tensor] = {}
 
     def bytes_per_task(self, tasks: TaskBatch) -> int:

@@ -8,23 +8,29 @@ transductive methods add on top of the same prototypes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
+from lightning_putm.methods.options import MethodOptions, option
 from lightning_putm.methods.preprocessing import squared_distances
 from lightning_putm.tasks import TaskBatch
+
+
+@dataclass(frozen=True)
+class ProtoNetSettings(MethodOptions):
+    method: ClassVar[str] = "protonet"
+
+    temperature: float = option(1.0, low=0, low_open=True, help="probabilities = softmax(-temperature * "
+                                "||x - mean_k||^2); does not change the prediction")
 
 
 class ProtoNet(FewShotMethod):
     name = "protonet"
     display_name = "ProtoNet"
-
-    def __init__(self, temperature: float = 1.0, **kwargs) -> None:
-        super().__init__(**kwargs)
-        if not temperature > 0:
-            raise ConfigError(f"protonet.temperature must be positive, got {temperature}")
-        self.temperature = float(temperature)
+    Settings = ProtoNetSettings
 
     @torch.no_grad()
     def solve(self, tasks: TaskBatch) -> torch.Tensor:

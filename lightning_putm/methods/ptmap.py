@@ -21,10 +21,13 @@ other tasks in its batch).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
-from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
+from lightning_putm.methods.options import MethodOptions, option
 from lightning_putm.methods.preprocessing import l2_normalise, power_transform, qr_reduce
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
@@ -61,38 +64,30 @@ def sinkhorn(
     return plan
 
 
+@dataclass(frozen=True)
+class PTMAPSettings(MethodOptions):
+    method: ClassVar[str] = "ptmap"
+
+    beta: float = option(0.5, low=0, low_open=True,
+                         help="power transform (x + 1e-6)^beta; features must be non-negative")
+    lam: float = option(10.0, low=0, low_open=True, help="Sinkhorn on exp(-lam * squared distance)")
+    inertia: float = option(0.2, low=0, high=1, help="centre update mu <- mu + inertia * (estimate - mu)")
+    iterations: int = option(20, low=0, help="MAP iterations (a final transport plan gives the probabilities)")
+    sinkhorn_eps: float = option(1e-6, low=0, low_open=True,
+                                 help="per-task Sinkhorn stop when the row sums move by at most this")
+    sinkhorn_max_iters: int = option(1000, low=1, help="Sinkhorn iteration cap")
+
+
 class PTMAP(FewShotMethod):
     """PT-MAP with the uniform class marginal (or the true counts under the oracle prior)."""
 
     name = "ptmap"
     display_name = "PT-MAP"
     uses_class_prior = True
+    Settings = PTMAPSettings
 
-    def __init__(
-        self,
-        beta: float = 0.5,
-        lam: float = 10.0,
-        inertia: float = 0.2,
-        iterations: int = 20,
-        sinkhorn_eps: float = 1e-6,
-        sinkhorn_max_iters: int = 1000,
-        **kwargs,
-    ) -> None:
-        super().__init__(**kwargs)
-        if beta <= 0:
-            raise ConfigError(f"ptmap.beta must be positive, got {beta}")
-        if lam <= 0:
-            raise ConfigError(f"ptmap.lam must be positive, got {lam}")
-        if not 0.0 <= inertia <= 1.0:
-            raise ConfigError(f"ptmap.inertia must lie in [0, 1], got {inertia}")
-        if int(iterations) < 0 or int(sinkhorn_max_iters) < 1 or sinkhorn_eps <= 0:
-            raise ConfigError("ptmap: iterations must be >= 0, sinkhorn_max_iters >= 1 and sinkhorn_eps > 0")
-        self.beta = float(beta)
-        self.lam = float(lam)
-        self.inertia = float(inertia)
-        self.iterations = int(iterations)
-        self.sinkhorn_eps = float(sinkhorn_eps)
-        self.sinkhorn_max_iters = int(sinkhorn_max_iters)
+    def __init__(self, settings: PTMAPSettings | None = None, **kwargs) -> None:
+        super().__init__(settings, **kwargs)
         self.last_state: dict[str, torch.Tensor] = {}
 
     def bytes_per_task(self, tasks: TaskBatch) -> int:

@@ -11,22 +11,35 @@ the prediction is the nearest mean whatever the temperature.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from lightning_putm.methods.base import FewShotMethod, nearest_mean_probabilities
+from lightning_putm.methods.options import MethodOptions, option
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
+
+
+@dataclass(frozen=True)
+class SimpleShotSettings(MethodOptions):
+    method: ClassVar[str] = "simpleshot"
+
+    temperature: float = option(10.0, low=0, low_open=True,
+                                help="softmax temperature on -squared distance; does not change the prediction")
 
 
 class SimpleShot(FewShotMethod):
     name = "simpleshot"
     display_name = "SimpleShot"
     uses_base_mean = True
+    Settings = SimpleShotSettings
 
-    def __init__(self, base_mean: torch.Tensor | None = None, temperature: float = 10.0, **kwargs) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, settings: SimpleShotSettings | None = None, *, base_mean: torch.Tensor | None = None,
+                 **kwargs) -> None:
+        super().__init__(settings, **kwargs)
         self.base_mean = base_mean
-        self.temperature = float(temperature)
 
     def normalise(self, x: torch.Tensor) -> torch.Tensor:
         return cl2n(x, self.base_mean, self.name)

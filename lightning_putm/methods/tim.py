@@ -22,14 +22,15 @@ The ``−T/2·‖z‖²`` part of the logits is constant per row and cancels in 
 
 from __future__ import annotations
 
-import math
-from typing import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from tqdm.auto import tqdm
 
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
+from lightning_putm.methods.options import MethodOptions, option
 from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.tasks import TaskBatch
 
@@ -73,11 +74,28 @@ def _adam(weights: torch.Tensor, lr: float) -> torch.optim.Adam:
         return torch.optim.Adam([weights], lr=lr)
 
 
-def _weights(loss_weights: Sequence[float], name: str) -> tuple[float, float, float]:
-    if len(loss_weights) != 3 or any(float(w) < 0 for w in loss_weights):
-        raise ConfigError(f"{name}.loss_weights must be three non-negative numbers [ce, H(Y), H(Y|X)], "
-                          f"got {list(loss_weights)}")
-    return float(loss_weights[0]), float(loss_weights[1]), float(loss_weights[2])
+LOSS_WEIGHTS_HELP = "[CE, H(Y_Q), H(Y_Q|X_Q)] weights"
+
+
+@dataclass(frozen=True)
+class TIMSettings(MethodOptions):
+    method: ClassVar[str] = "tim"
+
+    temperature: float = option(15.0, low=0, low_open=True, help="T of the logits -T/2 ||z - w_k||^2")
+    loss_weights: tuple[float, ...] | None = option(
+        None, low=0, length=3, by_setting="loss_weights_balanced on balanced tasks, else loss_weights_dirichlet",
+        help=f"{LOSS_WEIGHTS_HELP}; null = loss_weights_balanced on balanced tasks, else loss_weights_dirichlet")
+    loss_weights_dirichlet: tuple[float, ...] = option(
+        (1.0, 1.0, 1.0), low=0, length=3, help=f"{LOSS_WEIGHTS_HELP} on Dirichlet tasks (realistic-imbalance benchmark)")
+    loss_weights_balanced: tuple[float, ...] = option(
+        (0.1, 1.0, 0.1), low=0, length=3, help=f"{LOSS_WEIGHTS_HELP} on balanced tasks (TIM paper)")
+    lr: float = option(1e-4, low=0, low_open=True, help="Adam learning rate")
+    iterations: int = option(1000, low=0, help="Adam steps")
+
+    def resolve(self, *, shots: int | None, balanced: bool | None) -> TIMSettings:
+        if self.loss_weights is not None:
+            return self
+        return self.replace(loss_weights=self.loss_weights_balanced if balanced else self.loss_weights_dirichlet)
 
 
 class TIMGD(FewShotMethod):
@@ -85,27 +103,10 @@ class TIMGD(FewShotMethod):
 
     name = "tim"
     display_name = "TIM"
+    Settings = TIMSettings
 
-    def __init__(
-        self,
-        balanced: bool = False,
-        temperature: float = 15.0,
-        loss_weights: Sequence[float] | None = None,
-        loss_weights_dirichlet: Sequence[float] = (1.0, 1.0, 1.0),
-        loss_weights_balanced: Sequence[float] = (0.1, 1.0, 0.1),
-        lr: float = 1e-4,
-        iterations: int = 1000,
-        **kwargs,
-    ) -> None:
-        super().__init__(**kwargs)
-        if temperature <= 0 or lr <= 0 or int(iterations) < 0:
-            raise ConfigError(f"{self.name}: temperature and lr must be positive and iterations >= 0")
-        if loss_weights is None:
-            loss_weights = loss_weights_balanced if balanced else loss_weights_dirichlet
-        self.temperature = float(temperature)
-        self.loss_weights = _weights(loss_weights, self.name)
-        self.lr = float(lr)
-        self.iterations = int(iterations)
+    def __init__(self, balanced: bool = False, settings: TIMSettings | None = None, **kwargs) -> None:
+        super().__init__(settings, balanced=balanced, **kwargs)
         self.last_state: dict[str, torch.Tensor] = {}
 
     def bytes_per_task(self, tasks: TaskBatch) -> int:
@@ -157,32 +158,42 @@ class TIMGD(FewShotMethod):
         return probs
 
 
+@dataclass(frozen=True)
+class AlphaTIMSettings(MethodOptions):
+    method: ClassVar[str] = "alpha_tim"
+
+    alpha: float | None = option(
+        None, low=0, low_open=True, by_setting="alpha_one_shot at 1 shot, alpha_five_shot at >= 5 shots, else "
+        "alpha_other", help="Tsallis order; null = alpha_one_shot at 1 shot, alpha_five_shot at >= 5 shots, "
+        "else alpha_other")
+    alpha_one_shot: float = option(2.0, low=0, low_open=True, help="Tsallis order at 1 shot")
+    alpha_five_shot: float = option(7.0, low=0, low_open=True, help="Tsallis order at >= 5 shots")
+    alpha_other: float = option(5.0, low=0, low_open=True, help="Tsallis order at 2-4 shots")
+    temperature: float = option(15.0, low=0, low_open=True, help="T of the logits -T/2 ||z - w_k||^2")
+    loss_weights: tuple[float, ...] = option((1.0, 1.0, 1.0), low=0, length=3,
+                                             help="[CE, marginal alpha-entropy, conditional alpha-entropy] weights")
+    lr: float = option(1e-4, low=0, low_open=True, help="Adam learning rate")
+    iterations: int = option(1000, low=0, help="Adam steps")
+
+    def resolve(self, *, shots: int | None, balanced: bool | None) -> AlphaTIMSettings:
+        if self.alpha is not None:
+            return self
+        if shots is None:
+            raise ConfigError("alpha_tim: the number of shots is needed to choose alpha; set method.alpha_tim.alpha")
+        return self.replace(alpha=self.alpha_one_shot if shots == 1 else self.alpha_five_shot if shots >= 5
+                            else self.alpha_other)
+
+
 class AlphaTIM(TIMGD):
     """α-TIM: TIM-GD with Tsallis α-entropies for the marginal and conditional terms."""
 
     name = "alpha_tim"
     display_name = "α-TIM"
 
-    def __init__(
-        self,
-        shots: int,
-        alpha: float | None = None,
-        alpha_one_shot: float = 2.0,
-        alpha_five_shot: float = 7.0,
-        alpha_other: float = 5.0,
-        temperature: float = 15.0,
-        loss_weights: Sequence[float] = (1.0, 1.0, 1.0),
-        lr: float = 1e-4,
-        iterations: int = 1000,
-        **kwargs,
-    ) -> None:
-        super().__init__(temperature=temperature, loss_weights=list(loss_weights), lr=lr, iterations=iterations,
-                         **kwargs)
-        if alpha is None:
-            alpha = alpha_one_shot if shots == 1 else alpha_five_shot if shots >= 5 else alpha_other
-        if not (math.isfinite(alpha) and alpha > 0):
-            raise ConfigError(f"alpha_tim.alpha must be a positive number, got {alpha}")
-        self.alpha = float(alpha)
+    Settings = AlphaTIMSettings  # type: ignore[assignment]
+
+    def __init__(self, shots: int, settings: AlphaTIMSettings | None = None, **kwargs) -> None:
+        super().__init__(settings=settings, shots=shots, **kwargs)
 
     def entropies(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return tsallis_entropy(probs.mean(1), self.alpha), tsallis_entropy(probs, self.alpha).mean(1)

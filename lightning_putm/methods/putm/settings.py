@@ -9,8 +9,10 @@ otherwise; 50 EM steps of 30 Adam steps (lr 1e-3, betas (0.5, 0.99)); navigator 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from lightning_putm.errors import ConfigError
+from lightning_putm.methods.options import MethodOptions, option
 from lightning_putm.methods.putm.navigator import GEMM_MIN_WIDTH
 from lightning_putm.methods.putm.precision import PRECISIONS
 
@@ -21,78 +23,66 @@ BASES = ("qr", "cholesky")
 
 
 @dataclass(frozen=True)
-class PUTMSettings:
-    """Resolved hyper-parameters (``None`` in the config, 'by setting', is resolved by :func:`resolve_settings`)."""
+class PUTMSettings(MethodOptions):
+    """PUTM's options, each declared once (name, type, default, bounds, help). Built from a config
+    (:meth:`~lightning_putm.methods.options.MethodOptions.from_mapping`), ``rho``/``theta``/``inertia`` of ``None``
+    are chosen by :meth:`resolve` for the setting; a directly built ``PUTMSettings()`` holds the Dirichlet 1-shot
+    values."""
 
-    beta: float = 0.6
-    rho: float = 0.5
-    theta: float = 0.0
-    inertia: float = 0.2
-    support_weight: float = 1.0
-    inner_steps: int = 30
-    em_steps: int = 50
-    lr: float = 1e-3
-    adam_betas: tuple[float, float] = (0.5, 0.99)
-    hidden: tuple[int, ...] = (128, 64)
-    init_tasks: int = 1000
-    reinit_navigator: bool = False
-    prototype_update: str = "forward"
-    canonical_query_order: bool = True
-    negative_slope: float = 0.01
-    solver: str = "auto"
-    init_draw: str = "cpu"
-    precision: str = "auto"
-    early_stop_tol: float | None = None
-    max_chunk_tasks: int | None = None
-    cpu_workers: int | None = None
-    basis: str = "qr"
+    method: ClassVar[str] = "putm"
+
+    beta: float = option(0.6, low=0, low_open=True, help="power transform (x + 1e-6)^beta")
+    rho: float | None = option(0.5, low=0, high=1, by_setting="0.5 on Dirichlet tasks, 1.0 on balanced tasks",
+                               help="CT forward/backward weight; null = 0.5 on Dirichlet tasks, 1.0 on balanced tasks")
+    theta: float | None = option(0.0, low=0, high=1, by_setting="0 on Dirichlet tasks, 0.001 on balanced tasks",
+                                 help="balance-term weight; null = 0 on Dirichlet tasks, 0.001 on balanced tasks")
+    inertia: float | None = option(0.2, low=0, high=1,
+                                   by_setting="inertia_one_shot at 1 shot, else inertia_few_shot",
+                                   help="prototype update rate a; null = inertia_one_shot at 1 shot, else "
+                                        "inertia_few_shot")
+    inertia_one_shot: float = option(0.2, low=0, high=1, help="inertia at 1 shot")
+    inertia_few_shot: float = option(0.1, low=0, high=1, help="inertia at more than 1 shot")
+    support_weight: float = option(1.0, low=0, low_open=True, why="1 = the reference code",
+                                   help="M-step weight of each support row against one query's navigator mass")
+    inner_steps: int = option(30, low=1, help="Adam steps per E-step")
+    em_steps: int = option(50, low=0, help="EM iterations (one more E-step follows for the prediction)")
+    lr: float = option(1e-3, low=0, low_open=True, help="Adam learning rate of the navigator")
+    adam_betas: tuple[float, ...] = option((0.5, 0.99), low=0, high=1, high_open=True, length=2,
+                                           help="Adam betas of the navigator")
+    hidden: tuple[int, ...] = option((128, 64), low=1, help="navigator widths: input -> 128 -> 64 -> 1")
+    init_tasks: int = option(1000, low=1, help="T in the reference's Xavier scale sqrt(2 / (out * (in + T)))")
+    reinit_navigator: bool = option(False, help="true = paper's Algorithm 1 (new navigator every EM step)")
+    prototype_update: str = option("forward", choices=PROTOTYPE_UPDATES,
+                                   help="forward | backward | mixed (rho-weighted) navigator drives the M-step")
+    canonical_query_order: bool = option(True, help="QR the queries in a fixed order (shuffle-invariant)")
+    negative_slope: float = option(0.01, config=False, help="leaky-ReLU slope of the navigator (fixed)")
+    solver: str = option("auto", choices=SOLVERS, help="auto = compiled on CUDA, fused elsewhere")
+    init_draw: str = option("cpu", choices=INIT_DRAWS, help="where the navigator's random draws are made")
+    precision: str = option("auto", choices=PRECISIONS, help="navigator products: auto | fp32 | tf32 | bf16")
+    early_stop_tol: float | None = option(None, low=0, null="off",
+                                          help="a task ends its EM loop once its prototypes move by <= tol")
+    max_chunk_tasks: int | None = option(None, low=1, null="automatic", help="cap on tasks per chunk")
+    cpu_workers: int | None = option(None, low=1, null="automatic",
+                                     help="CPU threads solving parts of a chunk concurrently")
+    basis: str = option("qr", choices=BASES, help="per-task frame of the rows: qr | cholesky")
+
+    def resolve(self, *, shots: int | None, balanced: bool | None) -> PUTMSettings:
+        """``rho``/``theta``/``inertia`` of ``None`` take the reference's value for the setting (balanced or
+        Dirichlet tasks, 1 shot or more); the solver must suit the navigator widths."""
+        changes: dict[str, Any] = {}
+        if self.rho is None:
+            changes["rho"] = 1.0 if balanced else 0.5
+        if self.theta is None:
+            changes["theta"] = 0.001 if balanced else 0.0
+        if self.inertia is None:
+            changes["inertia"] = self.inertia_one_shot if shots == 1 else self.inertia_few_shot
+        if self.solver != "autograd" and min(self.hidden, default=GEMM_MIN_WIDTH) < GEMM_MIN_WIDTH:
+            raise ConfigError(f"method.putm.solver={self.solver} needs hidden widths >= {GEMM_MIN_WIDTH}, got "
+                              f"{list(self.hidden)}; use solver=autograd")
+        return self.replace(**changes) if changes else self
 
 
-def resolve_settings(*, shots: int, balanced: bool, beta, rho, theta, inertia, inertia_one_shot, inertia_few_shot,
-                     inner_steps, em_steps, lr, adam_betas, hidden, init_tasks, reinit_navigator, prototype_update,
-                     canonical_query_order, solver, precision, early_stop_tol, max_chunk_tasks,
-                     cpu_workers, init_draw="cpu", basis="qr", support_weight=1.0) -> PUTMSettings:
-    """Checked settings; ``rho``/``theta``/``inertia`` of ``None`` take the reference's value for the setting
-    (balanced or Dirichlet tasks, 1 shot or more). Raises :class:`ConfigError` on a bad value."""
-    for key, value, allowed in (("prototype_update", prototype_update, PROTOTYPE_UPDATES),
-                                ("solver", solver, SOLVERS), ("precision", precision, PRECISIONS),
-                                ("init_draw", init_draw, INIT_DRAWS), ("basis", basis, BASES)):
-        if value not in allowed:
-            raise ConfigError(f"putm.{key} must be one of {', '.join(allowed)}; got {value!r}")
-    if rho is None:
-        rho = 1.0 if balanced else 0.5
-    if theta is None:
-        theta = 0.001 if balanced else 0.0
-    if inertia is None:
-        inertia = inertia_one_shot if shots == 1 else inertia_few_shot
-    for key, value in (("rho", rho), ("theta", theta), ("inertia", inertia)):
-        if not 0.0 <= float(value) <= 1.0:
-            raise ConfigError(f"putm.{key} must lie in [0, 1], got {value}")
-    for key, value in (("inner_steps", inner_steps), ("init_tasks", init_tasks)):
-        if int(value) < 1:
-            raise ConfigError(f"putm.{key} must be >= 1, got {value}")
-    if int(em_steps) < 0:
-        raise ConfigError(f"putm.em_steps must be >= 0, got {em_steps}")
-    if beta <= 0:
-        raise ConfigError(f"putm.beta must be positive, got {beta}")
-    if not float(support_weight) > 0:
-        raise ConfigError(f"putm.support_weight must be positive (1 = the reference code), got {support_weight}")
-    if early_stop_tol is not None and float(early_stop_tol) < 0:
-        raise ConfigError(f"putm.early_stop_tol must be null (off) or >= 0, got {early_stop_tol}")
-    for key, value in (("max_chunk_tasks", max_chunk_tasks), ("cpu_workers", cpu_workers)):
-        if value is not None and int(value) < 1:
-            raise ConfigError(f"putm.{key} must be null (automatic) or >= 1, got {value}")
-    hidden = tuple(int(h) for h in hidden)
-    if solver != "autograd" and min(hidden, default=GEMM_MIN_WIDTH) < GEMM_MIN_WIDTH:
-        raise ConfigError(f"putm.solver={solver} needs hidden widths >= {GEMM_MIN_WIDTH}, got {list(hidden)}; "
-                          "use solver=autograd")
-    return PUTMSettings(
-        beta=float(beta), rho=float(rho), theta=float(theta), inertia=float(inertia),
-        support_weight=float(support_weight), inner_steps=int(inner_steps), em_steps=int(em_steps), lr=float(lr),
-        adam_betas=(float(adam_betas[0]), float(adam_betas[1])), hidden=hidden,
-        init_tasks=int(init_tasks), reinit_navigator=bool(reinit_navigator), prototype_update=prototype_update,
-        canonical_query_order=bool(canonical_query_order), solver=solver, init_draw=init_draw, precision=precision,
-        early_stop_tol=None if early_stop_tol is None else float(early_stop_tol),
-        max_chunk_tasks=None if max_chunk_tasks is None else int(max_chunk_tasks),
-        cpu_workers=None if cpu_workers is None else int(cpu_workers), basis=basis,
-    )
+def resolve_settings(*, shots: int, balanced: bool, **options: Any) -> PUTMSettings:
+    """Checked settings from keyword options (a config's ``method.putm``), resolved for the setting. Raises
+    :class:`ConfigError` on a bad value or an unknown key."""
+    return PUTMSettings.build(None, options, shots=shots, balanced=balanced)
