@@ -12,7 +12,11 @@ from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.errors import ConfigError, FeatureError
 from lightning_putm.methods import build_method
 from lightning_putm.methods.preprocessing import qr_reduce
-from lightning_putm.methods.putm import PUTM, Navigator, ct_loss
+from lightning_putm.methods.putm import PUTM
+from lightning_putm.methods.putm.engines import e_step_autograd
+from lightning_putm.methods.putm.loss import ct_loss
+from lightning_putm.methods.putm.m_step import m_step
+from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.metrics import task_accuracy
 from lightning_putm.tasks import TaskBatch
 
@@ -34,7 +38,8 @@ def test_navigators_are_normalised_over_classes_and_queries():
     gens = [torch.Generator().manual_seed(i) for i in range(batch.num_tasks)]
     nav = Navigator([x.shape[2], 128, 64, 1], gens, 1000, x.device, x.dtype, 0.01)
     optimiser = torch.optim.Adam(nav.parameters(), lr=1e-3, betas=(0.5, 0.99))
-    forward, backward = putm.e_step(nav, optimiser, x[:, batch.num_support :], prototypes, batch.ways)
+    query = x[:, batch.num_support :]
+    forward, backward = e_step_autograd(nav, optimiser, query, prototypes, batch.ways, putm.settings)
     assert forward.shape == backward.shape == (6, 40, 5)
     assert torch.allclose(forward.sum(2), torch.ones(6, 40), atol=1e-5)  # π_f(·|j) over classes
     assert torch.allclose(backward.sum(1), torch.ones(6, 5), atol=1e-5)  # π_b(·|k) over queries
@@ -58,7 +63,7 @@ def test_m_step_on_a_hand_made_case():
     support_one_hot = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
     query_weights = torch.tensor([[[1.0, 0.0], [0.5, 0.5]]])
     prototypes = torch.tensor([[[1.0, 0.0], [0.0, 1.0]]])
-    updated = PUTM.m_step(rows, support_one_hot, query_weights, prototypes, inertia=0.5)
+    updated = m_step(rows, support_one_hot, query_weights, prototypes, inertia=0.5)
     # class 0: weights (1, 0, 1, 0.5) -> mean ((1+2+0, 0+0+2) / 2.5) = (1.2, 0.8); class 1: (0,1,0,.5) -> (0, 3/1.5=2)
     estimate = torch.tensor([[[1.2, 0.8], [0.0, 2.0]]])
     assert torch.allclose(updated, prototypes + 0.5 * (estimate - prototypes))

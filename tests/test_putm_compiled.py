@@ -13,11 +13,13 @@ import torch
 from conftest import make_clustered_features
 from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.errors import ConfigError
-from lightning_putm.methods.putm import (PUTM, CompiledTrainer, DeviceAdam, FusedTrainer, Navigator, PUTMSettings,
-                                         StackedAdam, resolve_solver)
-from lightning_putm.methods.putm.compiled import navigator_step
-from lightning_putm.methods.putm.engines import make_trainer
-from lightning_putm.methods.putm.navigator import device_normal
+from lightning_putm.methods.putm import PUTM, PUTMSettings
+from lightning_putm.methods.putm.adam import StackedAdam
+from lightning_putm.methods.putm.compiled import CompiledTrainer
+from lightning_putm.methods.putm.engines import FusedTrainer
+from lightning_putm.methods.putm.navigator import Navigator, device_normal
+from lightning_putm.methods.putm.solvers import make_trainer, resolve_solver
+from lightning_putm.methods.putm.step import navigator_step
 from lightning_putm.metrics import task_accuracy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -88,7 +90,7 @@ def test_device_adam_equals_stacked_adam(fused):
     generator = torch.Generator().manual_seed(0)
     start = torch.randn(300, generator=generator)
     reference, device = start.clone(), start.clone()
-    stacked, adam = StackedAdam(reference, 1e-2, (0.5, 0.99)), DeviceAdam(device, 1e-2, (0.5, 0.99))
+    stacked, adam = StackedAdam(reference, 1e-2, (0.5, 0.99)), StackedAdam(device, 1e-2, (0.5, 0.99), on_device=True)
     adam.fused = fused and adam.fused  # both the fused kernel and the tensor-op fallback
     for step in range(6):
         grad = torch.randn(300, generator=generator)
@@ -104,7 +106,7 @@ def test_device_adam_equals_stacked_adam(fused):
 def test_device_adam_counts_steps_in_a_tensor_only(fused, monkeypatch):
     # kills a mutant keeping the step count or bias corrections in Python numbers (not capturable in a graph):
     # no Python counter may change, and no tensor may be read back into Python during a step
-    adam = DeviceAdam(torch.zeros(10), 1e-3, (0.5, 0.99))
+    adam = StackedAdam(torch.zeros(10), 1e-3, (0.5, 0.99), on_device=True)
     adam.fused = fused and adam.fused
     plain_before = {k: v for k, v in vars(adam).items() if not isinstance(v, torch.Tensor)}
     counter = adam.steps
@@ -183,8 +185,8 @@ def test_auto_is_fused_on_cpu_and_compiled_on_cuda(monkeypatch):
             made["solver"] = "compiled"
             super().__init__(*args, **kwargs, use_graph=False)
 
-    monkeypatch.setattr("lightning_putm.methods.putm.engines.CompiledTrainer", Recorder)
-    monkeypatch.setattr("lightning_putm.methods.putm.engines.resolve_solver",
+    monkeypatch.setattr("lightning_putm.methods.putm.solvers.CompiledTrainer", Recorder)
+    monkeypatch.setattr("lightning_putm.methods.putm.solvers.resolve_solver",
                         lambda solver, device: resolve_solver(solver, torch.device("cuda")))
     assert isinstance(make_trainer(navigator_for(2), settings, torch.float32), CompiledTrainer)
     assert made == {"solver": "compiled"}

@@ -20,10 +20,12 @@ import yaml
 from conftest import make_clustered_features
 from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.methods import build_method
-from lightning_putm.methods.putm import (CPU_MAX_CHUNK_TASKS, PUTM, AutogradTrainer, EMStep, FusedTrainer,
-                                         matmul_precision, resolve_precision)
+from lightning_putm.methods.putm import PUTM, EMStep
+from lightning_putm.methods.putm.engines import AutogradTrainer, FusedTrainer
+from lightning_putm.methods.putm.m_step import m_step, query_weights, settled
+from lightning_putm.methods.putm.precision import matmul_precision, resolve_precision
 from lightning_putm.evaluation.settings import method_arguments
-from lightning_putm.methods.putm.workers import worker_count
+from lightning_putm.methods.putm.workers import CPU_MAX_CHUNK_TASKS, worker_count
 from lightning_putm.tasks import TaskBatch
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -275,7 +277,8 @@ def test_prototype_update_weights_on_a_hand_made_case():
                              ("mixed", torch.tensor([[[0.25 * 0.9 + 0.75 * 0.6, 0.25 * 0.1 + 0.75 * 0.3],
                                                       [0.25 * 0.2 + 0.75 * 0.4, 0.25 * 0.8 + 0.75 * 0.7]]]))]:
         putm = PUTM(shots=1, balanced=False, prototype_update=update, rho=0.25)
-        assert torch.allclose(putm.update_weights(forward, backward), expected)
+        weights = query_weights(forward, backward, putm.settings.prototype_update, putm.settings.rho)
+        assert torch.allclose(weights, expected)
 
 
 def test_inertia_on_a_hand_made_case():
@@ -285,7 +288,7 @@ def test_inertia_on_a_hand_made_case():
     prototypes = torch.tensor([[[0.0, 0.0], [0.0, 0.0]]])
     # class 0: mean of (2, 0) and (4, 0) = (3, 0); class 1: (0, 2); then a quarter of the way there
     expected = torch.tensor([[[0.75, 0.0], [0.0, 0.5]]])
-    assert torch.allclose(PUTM.m_step(rows, one_hot, weights, prototypes, 0.25), expected)
+    assert torch.allclose(m_step(rows, one_hot, weights, prototypes, 0.25), expected)
 
 
 # -------------------------------------------------------------------------------- the navigator's weights
@@ -430,6 +433,26 @@ def test_early_stop_tol_ends_a_task_once_its_prototypes_move_at_most_tol(tol):
         assert torch.equal(final[task], putm.last_state["prototypes"][task])
 
 
+
+@pytest.mark.parametrize("reinit", [False, True])
+def test_freezing_finished_tasks_is_an_engine_capability_of_the_one_em_loop(reinit, monkeypatch):
+    # the same loop with the fused engine declaring a fixed batch (the compiled engine's way: settled tasks stay in
+    # the batch, frozen) must give bit for bit what the shrinking batch gives, since on CPU a fused task's result
+    # does not depend on its batch; kills a loop that keeps updating frozen prototypes, drops a settled task's
+    # final E-step result, or re-draws a frozen task differently
+    batch = make_tasks(tasks=4)
+    options = dict(em_steps=8, inner_steps=2, early_stop_tol=0.03, reinit_navigator=reinit, solver="fused")
+    shrinking, records, expected = run(batch, **options)
+    assert len({tuple(record.tasks.tolist()) for record in records}) > 1  # the batch did shrink
+    monkeypatch.setattr(FusedTrainer, "fixed_batch", True)
+    fixed, fixed_records, got = run(batch, **options)
+    assert {tuple(record.tasks.tolist()) for record in fixed_records} == {(0, 1, 2, 3)}  # it did not
+    steps = shrinking.last_state["em_steps"]
+    assert int(steps.min()) < int(steps.max())  # tasks settled at different EM steps
+    assert torch.equal(fixed.last_state["em_steps"], steps)
+    assert torch.equal(got, expected)
+    assert torch.equal(fixed.last_state["prototypes"], shrinking.last_state["prototypes"])
+
 # --------------------------------------------------------------------------------- chunks and CPU workers
 def test_max_chunk_tasks_sets_the_chunks_solved():
     batch = make_tasks(tasks=5)
@@ -473,6 +496,7 @@ def test_cpu_workers_share_each_chunk_among_single_threaded_workers(workers, par
 def test_settled_means_the_largest_prototype_change_is_at_most_tol():
     before = torch.zeros(3, 2, 2)
     after = torch.tensor([[[0.5, -0.25], [0.0, 0.0]], [[0.0, 0.0], [0.0, -0.75]], [[0.25, 0.25], [0.25, 0.25]]])
-    assert PUTM(shots=1, balanced=False, early_stop_tol=0.5).settled(before, after).tolist() == [True, False, True]
-    assert PUTM(shots=1, balanced=False, early_stop_tol=0.0).settled(before, before).tolist() == [True] * 3
-    assert PUTM(shots=1, balanced=False).settled(before, after) is None
+    tol = [PUTM(shots=1, balanced=False, early_stop_tol=t).settings.early_stop_tol for t in (0.5, 0.0, None)]
+    assert settled(before, after, tol[0]).tolist() == [True, False, True]
+    assert settled(before, before, tol[1]).tolist() == [True] * 3
+    assert settled(before, after, tol[2]) is None

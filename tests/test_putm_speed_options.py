@@ -15,8 +15,11 @@ from conftest import make_clustered_features
 from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods import build_method
-from lightning_putm.methods.putm import (CPU_MAX_CHUNK_TASKS, PRECISIONS, PUTM, StackedAdam, ct_loss,
-                                         ct_loss_gradient, resolve_precision)
+from lightning_putm.methods.putm import PUTM
+from lightning_putm.methods.putm.adam import StackedAdam
+from lightning_putm.methods.putm.loss import ct_loss, ct_loss_gradient
+from lightning_putm.methods.putm.precision import PRECISIONS, resolve_precision
+from lightning_putm.methods.putm.workers import CPU_MAX_CHUNK_TASKS
 from lightning_putm.metrics import task_accuracy
 
 pytestmark = pytest.mark.usefixtures("single_thread")

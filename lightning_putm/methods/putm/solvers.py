@@ -1,0 +1,32 @@
+"""``putm.solver``: which E-step engine runs (:mod:`.engines`, :mod:`.compiled`). Not part of the paper."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from lightning_putm.methods.putm.compiled import CompiledTrainer
+from lightning_putm.methods.putm.engines import AutogradTrainer, Engine, FusedTrainer
+from lightning_putm.methods.putm.navigator import Navigator
+from lightning_putm.methods.putm.settings import PUTMSettings
+
+
+def resolve_solver(solver: str, device: torch.device) -> str:
+    """``auto`` → ``compiled`` on CUDA (CUDA graphs, compiled step), ``fused`` elsewhere; others unchanged.
+
+    On CPU ``fused`` stays the default: it is the bit-exact engine and ``compiled`` was not faster on a
+    2-core CPU (docs/gpu.md).
+    """
+    if solver != "auto":
+        return solver
+    return "compiled" if device.type == "cuda" else "fused"
+
+
+def make_trainer(navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype) -> Engine:
+    """The E-step engine chosen by ``settings.solver`` (``auto`` resolved for the navigator's device)."""
+    settings = dataclasses.replace(settings, solver=resolve_solver(settings.solver, navigator.flat.device))
+    if settings.solver == "compiled":
+        return CompiledTrainer(navigator, settings, compute_dtype)
+    trainer_class = FusedTrainer if settings.solver == "fused" else AutogradTrainer
+    return trainer_class(navigator, settings, compute_dtype)
