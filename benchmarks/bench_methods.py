@@ -33,15 +33,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from lightning_putm.data import digits_feature_set, sample_episode_bank  # noqa: E402
-from lightning_putm.features import FeatureSet  # noqa: E402
-from lightning_putm.methods import available_methods, build_method  # noqa: E402
-from lightning_putm.metrics import task_accuracy  # noqa: E402
-from lightning_putm.tasks import TaskBatch  # noqa: E402
+from lightning_putm.data import digits_feature_set, sample_episode_bank
+from lightning_putm.features import FeatureSet
+from lightning_putm.methods import available_methods, build_method
+from lightning_putm.metrics import task_accuracy
+from lightning_putm.tasks import TaskBatch
 
 WAYS, SHOTS, QUERIES = 5, 1, 75
 

@@ -24,18 +24,15 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import pytorch_lightning as pl  # noqa: E402
+import pytorch_lightning as pl
 
-from lightning_putm.pretrain import S2M2Module  # noqa: E402
+from lightning_putm.pretrain import S2M2Module
 
 HEADER = ("| backbone | stage | device | precision | channels-last | compile | batch | image | timed steps | "
           "s/step | images/s | backbone passes/s | TFLOP/s | peak memory (GiB) |")

@@ -50,13 +50,8 @@ import platform
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
-
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
 EM_STEPS = 50
 #: Dense (no sparsity) datasheet peaks in TFLOP/s: (name fragment, fp32, tf32, bf16); first match wins.

@@ -26,20 +26,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+import torch
 
-import torch  # noqa: E402
-
-from bench_methods import synthetic_features  # noqa: E402
-from lightning_putm.data import sample_episode_bank  # noqa: E402
-from lightning_putm.methods.putm import PUTM  # noqa: E402
-from lightning_putm.metrics import mean_and_ci95, task_accuracy  # noqa: E402
+from bench_methods import synthetic_features
+from lightning_putm.data import sample_episode_bank
+from lightning_putm.methods.putm import PUTM
+from lightning_putm.metrics import mean_and_ci95, task_accuracy
 
 MIN_AGREEMENT = 99.5  # % of queries with the specification's prediction (fp32), unless the noise floor is lower
 FLOOR_MARGIN = 0.25  # points below the noise floor's agreement that the compiled fp32 engine may fall

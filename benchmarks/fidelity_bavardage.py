@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import io
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -39,14 +38,12 @@ from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.features import FeatureSet, load_features
 from lightning_putm.methods.bavardage import BAVARDAGE, base_within_class_scatter
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
+from lightning_putm.studies.reference import import_from_checkout
 
 
 def load_reference(path: str):
-    sys.path.insert(0, str(Path(path).resolve()))
-    import bavardage as ref  # their module, from --reference
-    import vb_equi_iso as lib
-
-    return ref, lib
+    """Their ``bavardage.py`` and ``vb_equi_iso.py`` from the --reference checkout."""
+    return import_from_checkout(path, "bavardage"), import_from_checkout(path, "vb_equi_iso")
 
 
 def reference_predictions(ref, lib, batch, base: FeatureSet, shots: int, queries: int, balanced: bool,

@@ -14,18 +14,14 @@ Takes about 10 minutes for ours on 2 CPU cores (twice that with --reference).
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from lightning_putm.data.digits import digits_feature_set  # noqa: E402
-from lightning_putm.data.episodes import sample_episode_bank  # noqa: E402
-from lightning_putm.methods import build_method  # noqa: E402
-from lightning_putm.metrics import mean_and_ci95, task_accuracy  # noqa: E402
+from lightning_putm.data.digits import digits_feature_set
+from lightning_putm.data.episodes import sample_episode_bank
+from lightning_putm.methods import build_method
+from lightning_putm.metrics import mean_and_ci95, task_accuracy
 
 # The reference implementation (github.com/RashLog/PUTM) on the 2-core CPU machine, 200 tasks (mean, 95% CI, in %).
 RECORDED = {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Side-by-side check of our iLPC against the iLPC reference code on the same episode bank.
 
-The reference (a local checkout of github.com/MichalisLazarou/iLPC) is imported from ``--reference`` through
-``sys.path``; only thin shims live here: an exact numpy inner-product kNN in place of faiss (not installed),
+The reference (a local checkout of github.com/MichalisLazarou/iLPC) is imported from ``--reference`` with
+``lightning_putm.studies.reference.import_from_checkout``; only thin shims live here: an exact numpy inner-product kNN in place of faiss (not installed),
 ``Tensor.cuda`` as a no-op, scipy's ``cg(tol=)`` spelled ``rtol=`` for scipy >= 1.14, ``np.in1d`` as
 ``np.isin`` (numpy >= 2.4), an ``opt`` namespace with the settings, and the reference's preprocessing steps
 (signed power transform from ``transductive_wrn.py``'s ``__main__``, then its own ``scaleEachUnitaryDatas`` /
@@ -47,6 +47,7 @@ from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.features import load_features
 from lightning_putm.methods import build_method
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
+from lightning_putm.studies.reference import import_from_checkout
 
 
 # ------------------------------------------------------------------------------------------------ shims
@@ -86,8 +87,7 @@ def load_reference(path: str) -> types.ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
-    sys.path.insert(0, str(Path(path).resolve()))
-    import iterative_graph_functions as igf  # the reference's own module
+    igf = import_from_checkout(path, "iterative_graph_functions")  # the reference's own module
     import scipy.sparse.linalg as spla
 
     cg = spla.cg
@@ -168,7 +168,9 @@ def main() -> None:
     igf = load_reference(args.reference)
     from lightning_putm.methods.ilpc import ILPC
 
-    settings = {k: v for k, v in vars(ILPC()).items() if k in (
+    ours = ILPC()
+    ours = getattr(ours, "settings", ours)  # our defaults (a settings object, or the method's attributes)
+    settings = {k: getattr(ours, k) for k in (
         "k", "alpha", "power", "sinkhorn_passes", "denoising_iterations", "best_samples")}
     settings.update({k: v for k, v in overrides.items() if k in settings})
 

@@ -32,7 +32,6 @@ import argparse
 import contextlib
 import io
 import os
-import sys
 import tempfile
 import time
 import types
@@ -41,13 +40,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from lightning_putm.data.digits import digits_feature_set  # noqa: E402
-from lightning_putm.data.episodes import sample_episode_bank  # noqa: E402
-from lightning_putm.methods import build_method  # noqa: E402
-from lightning_putm.metrics import mean_and_ci95, task_accuracy  # noqa: E402
+from lightning_putm.data.digits import digits_feature_set
+from lightning_putm.data.episodes import sample_episode_bank
+from lightning_putm.methods import build_method
+from lightning_putm.metrics import mean_and_ci95, task_accuracy
+from lightning_putm.studies.reference import import_from_checkout
 
 METHODS = ["simpleshot", "ptmap", "tim", "alpha_tim", "bdcspn", "laplacianshot"]
 WAYS = 5
@@ -96,10 +93,7 @@ def load_benchmark(path: str) -> dict[str, types.ModuleType]:
         raise SystemExit(f"{root} is not a checkout of oveilleux/Realistic_Transductive_Few_Shot (no src/methods)")
     if not hasattr(np, "float"):  # their LaplacianShot builds its sparse affinity with dtype=np.float (numpy < 1.24)
         np.float = float  # type: ignore[attr-defined]
-    sys.path.insert(0, str(root))
-    import importlib
-
-    modules = {name: importlib.import_module(f"src.methods.{name}")
+    modules = {name: import_from_checkout(root, f"src.methods.{name}", flag="--benchmark")
                for name in ("simpleshot", "pt_map", "tim", "bdcspn", "laplacianshot")}
     for module in modules.values():
         module.Logger = _QuietLogger

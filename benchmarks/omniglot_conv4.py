@@ -26,14 +26,13 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-import torch  # noqa: E402
+import torch
 
-from lightning_putm.data import FewShotDataModule, sample_episode_bank  # noqa: E402
-from lightning_putm.metrics import mean_and_ci95  # noqa: E402
-from lightning_putm.pretrain import load_backbone, ncm_task_accuracy  # noqa: E402
-from lightning_putm.jobs.train import run_train_backbone  # noqa: E402
+from lightning_putm.data import FewShotDataModule, sample_episode_bank
+from lightning_putm.metrics import mean_and_ci95
+from lightning_putm.pretrain import load_backbone, ncm_task_accuracy
+from lightning_putm.jobs.train import run_train_backbone
 
 SETTINGS = [(5, 1), (5, 5), (20, 1), (20, 5)]  # (ways, shots); 5-way 1-shot is the acceptance number
 

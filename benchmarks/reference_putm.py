@@ -1,7 +1,8 @@
 """Run the public PUTM reference implementation (RashLog/PUTM) on our tasks, for side-by-side numbers.
 
 Nothing of the reference is part of this project: the user passes a local checkout of it
-(``--reference DIR``) and this adapter imports its ``methods/putm.py`` from there at run time. The
+(``--reference DIR``) and this adapter imports its ``methods/putm.py`` from there at run time (through
+``lightning_putm.studies.reference.import_from_checkout``, the one way the benchmarks import reference code). The
 reference hard-codes 5 ways and 75 queries, calls ``.cuda()`` and needs ``d >= n``; on a CPU-only machine
 its ``.cuda()`` calls are redirected to no-ops, and features narrower than a task are zero-padded.
 """
@@ -10,24 +11,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import io
 import sys
 from pathlib import Path
 
 import torch
 
+from lightning_putm.studies.reference import import_from_checkout
 from lightning_putm.tasks import TaskBatch
 
 
 def load_reference_module(checkout: str | Path):
-    path = Path(checkout) / "methods" / "putm.py"
-    if not path.is_file():
-        raise SystemExit(f"--reference {checkout}: expected the reference checkout's methods/putm.py at {path}")
-    spec = importlib.util.spec_from_file_location("reference_putm_methods", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The reference's ``methods/putm.py`` from a checkout of RashLog/PUTM."""
+    return import_from_checkout(checkout, "methods.putm")
 
 
 @contextlib.contextmanager

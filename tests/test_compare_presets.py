@@ -1,21 +1,18 @@
-"""benchmarks/compare_presets.py and combine_tunes.py: the verdict "never below SimpleShot beyond its CI", the
+"""``compare-presets`` and ``combine-tunes`` (lightning_putm/studies/): the verdict "never below SimpleShot beyond its CI", the
 paired gain, the means, and one selection from several validation sets.
 
 Two run folders in ``evaluate.py``'s real output format (``results.csv`` and ``per_task.csv``) are written by
-hand, so every number the script prints is known in advance.
+hand, so every number the command prints is known in advance.
 """
 
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import combine_tunes  # noqa: E402
-import compare_presets  # noqa: E402
+from lightning_putm.studies import combine_tunes, compare_presets
 
 RESULT_COLUMNS = ["method", "shots", "alpha", "accuracy", "ci95", "tasks"]
 TASK_COLUMNS = ["method", "shots", "alpha", "task", "accuracy"]
@@ -88,7 +85,7 @@ def test_a_folder_without_results_is_a_clear_error(tmp_path: Path):
         compare_presets.read_results(tmp_path)
 
 
-# ------------------------------------------------------------------ benchmarks/combine_tunes.py
+# ------------------------------------------------------------------ combine-tunes
 
 def write_summary(folder: Path, rows: list[tuple]) -> Path:
     folder.mkdir()

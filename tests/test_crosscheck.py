@@ -6,14 +6,12 @@ real engines' agreement is measured on a GPU by ``bash benchmarks/gpu_check.sh``
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import crosscheck_putm  # noqa: E402
+from helpers.benchmarks import benchmark_module
+
+crosscheck_putm = benchmark_module("crosscheck_putm")
 
 TASKS = 20  # 20 tasks x 75 queries = 1500 predictions: one flipped prediction is 1/15 of a point
 

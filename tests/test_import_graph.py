@@ -109,6 +109,9 @@ LAYERS = [
     # folders → one task: data readers, the methods and tensors; no Lightning module, no evaluation run
     ("lightning_putm.prediction", {"lightning_putm.evaluation", "lightning_putm.callbacks", "lightning_putm.jobs",
                                    "lightning_putm.pretrain", "lightning_putm.feature_modules"}),
+    # analyses of finished runs (and reference code for the benchmarks): they read folders, build no Trainer
+    ("lightning_putm.studies", {"lightning_putm.callbacks", "lightning_putm.pretrain",
+                                "lightning_putm.feature_modules"}),
 ]
 
 
@@ -125,3 +128,12 @@ def test_only_the_jobs_import_the_callback() -> None:
     graph = import_graph(package_modules())
     users = sorted(source for source, targets in graph.items() if "lightning_putm.callbacks" in targets)
     assert users and all(user.startswith("lightning_putm.jobs.") for user in users), users
+
+
+def test_only_the_entry_point_imports_the_studies() -> None:
+    """``studies/`` sits at the jobs' level: no module below it (jobs, evaluation, methods, data, the foundation)
+    imports it; ``python -m lightning_putm`` (``__main__``) is its only user outside the wing."""
+    graph = import_graph(package_modules())
+    users = sorted(source for source, targets in graph.items() if not source.startswith("lightning_putm.studies")
+                   for target in targets if target.startswith("lightning_putm.studies"))
+    assert set(users) <= {"lightning_putm.__main__"}, users

@@ -1,15 +1,11 @@
-"""benchmarks/navigator_confidence.py: accuracy and confidence of PUTM's navigator, and its preset options."""
+"""``navigator-confidence`` (lightning_putm/studies/navigator_confidence.py): accuracy and confidence of PUTM's navigator, and its preset options."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import navigator_confidence  # noqa: E402
+from lightning_putm.studies import navigator_confidence
 
 
 def test_confidence_stats_are_accuracy_and_mean_largest_probability_after_renormalising() -> None:

@@ -1,19 +1,18 @@
-"""benchmarks/sensitivity_figure.py: which value each run changes (resolved per shot as PUTM resolves it), the
+"""``sensitivity-figure`` (lightning_putm/studies/sensitivity_figure.py): which value each run changes (resolved per shot as PUTM resolves it), the
 tables and the figure. Run folders are written in ``evaluate.py``'s real format (``results.csv`` and a
 ``config.yaml`` whose ``method.putm`` block is the shipped default), so every number is known in advance."""
 
 from __future__ import annotations
 
 import csv
-import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from lightning_putm.studies import sensitivity_figure
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import sensitivity_figure  # noqa: E402
 
 
 def write_run(folder: Path, accuracies: dict[tuple[str, int], float], tasks: dict[int, list[float]] | None = None,

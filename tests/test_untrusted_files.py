@@ -355,7 +355,7 @@ def unsafe_loads(source: str, filename: str) -> list[str]:
 
 def project_sources() -> list[Path]:
     files = sorted((REPO / "lightning_putm").rglob("*.py")) + [REPO / "evaluate.py", REPO / "train_backbone.py"]
-    files += sorted((REPO / "benchmarks").glob("*.py"))
+    files += sorted((REPO / "benchmarks").glob("*.py")) + sorted((REPO / "tools").glob("*.py"))
     return [f for f in files if f.is_file()]
 
 

@@ -9,9 +9,9 @@ pytest cache), stopping at the first failure. The first mutant (``sanity``) brea
 must be killed, which proves the copy, not the editable install, is the code under test. A mutant whose
 search text is not found exactly once stops the run.
 
-    python benchmarks/mutation_putm.py                 # all mutants, sequential
-    python benchmarks/mutation_putm.py --only rho      # mutants whose name contains "rho"
-    python benchmarks/mutation_putm.py --list          # the mutants, without running them
+    python tools/mutation_putm.py                      # all mutants, sequential
+    python tools/mutation_putm.py --only rho           # mutants whose name contains "rho"
+    python tools/mutation_putm.py --list               # the mutants, without running them
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PUTM = "lightning_putm/methods/putm/"
 PRE = "lightning_putm/methods/preprocessing.py"
-TEST_FILES = ["tests/test_putm_options.py", "tests/test_putm.py", "tests/test_putm_speed_options.py"]
+TEST_FILES = ["tests/test_putm_options.py", "tests/test_putm.py", "tests/test_putm_speed_options.py",
+              "tests/test_putm_compiled.py"]
 TIMEOUT_S = 600
 
 
@@ -59,21 +60,19 @@ MUTANTS = [
            "return estimate + inertia * (prototypes - estimate)"),
     Mutant("M-step ignores the support rows", PUTM + "m_step.py", "torch.cat([support_one_hot, query_weights], dim=1)",
            "torch.cat([support_one_hot * 0, query_weights], dim=1)"),
-    Mutant("next E-step keeps the old prototypes", PUTM + "__init__.py", "            prototypes = updated\n",
+    Mutant("next E-step keeps the old prototypes", PUTM + "em.py", "            part.prototypes = updated\n",
            "            pass\n"),
     # --- settings by setting
     Mutant("inertia_one_shot / few_shot swapped", PUTM + "settings.py",
-           "inertia = inertia_one_shot if shots == 1 else inertia_few_shot",
-           "inertia = inertia_few_shot if shots == 1 else inertia_one_shot"),
-    Mutant("rho default ignores balanced", PUTM + "settings.py", "rho = 1.0 if balanced else 0.5", "rho = 0.5"),
-    Mutant("theta default ignores balanced", PUTM + "settings.py", "theta = 0.001 if balanced else 0.0", "theta = 0.0"),
-    Mutant("adam_betas swapped in settings", PUTM + "settings.py",
-           "adam_betas=(float(adam_betas[0]), float(adam_betas[1]))", "adam_betas=(float(adam_betas[1]), float(adam_betas[0]))"),
+           "self.inertia_one_shot if shots == 1 else self.inertia_few_shot",
+           "self.inertia_few_shot if shots == 1 else self.inertia_one_shot"),
+    Mutant("rho default ignores balanced", PUTM + "settings.py", 'changes["rho"] = 1.0 if balanced else 0.5', 'changes["rho"] = 0.5'),
+    Mutant("theta default ignores balanced", PUTM + "settings.py", 'changes["theta"] = 0.001 if balanced else 0.0', 'changes["theta"] = 0.0'),
     # --- reinit_navigator
-    Mutant("reinit_navigator ignored in EM steps", PUTM + "__init__.py",
-           "                trainer.reinit(generators)\n", "                pass\n"),
-    Mutant("reinit_navigator ignored in the final E-step", PUTM + "__init__.py",
-           "            if s.reinit_navigator:\n                trainer.reinit(gens)\n", ""),
+    Mutant("reinit_navigator ignored in EM steps", PUTM + "em.py",
+           "            if s.reinit_navigator:  #", "            if s.reinit_navigator and step is None:  #"),
+    Mutant("reinit_navigator ignored in the final E-step", PUTM + "em.py",
+           "            if s.reinit_navigator:  #", "            if s.reinit_navigator and step is not None:  #"),
     Mutant("fused reinit keeps the Adam state", PUTM + "engines.py",
            "        self.navigator.redraw(generators)\n        self.adam.reset()", "        self.navigator.redraw(generators)"),
     Mutant("autograd reinit keeps the optimiser", PUTM + "engines.py",
@@ -84,12 +83,12 @@ MUTANTS = [
     Mutant("Xavier scale: fan_in <-> fan_out", PUTM + "navigator.py", "math.sqrt(2.0 / (fan_out * (fan_in + self.init_tasks)))",
            "math.sqrt(2.0 / (fan_in * (fan_out + self.init_tasks)))"),
     Mutant("hidden ignored (128, 64)", PUTM + "__init__.py", "Navigator([x.shape[2], *s.hidden, 1]", "Navigator([x.shape[2], 128, 64, 1]"),
-    Mutant("LeakyReLU slope 0.1", PUTM + "settings.py", "negative_slope: float = 0.01", "negative_slope: float = 0.1"),
+    Mutant("LeakyReLU slope 0.1", PUTM + "settings.py", "negative_slope: float = option(0.01,", "negative_slope: float = option(0.1,"),
     # --- CT loss, rho, theta
-    Mutant("fused: rho ignored", PUTM + "engines.py", "ct_loss_gradient(cost, logits, s.rho, s.theta)",
-           "ct_loss_gradient(cost, logits, 0.5, s.theta)"),
-    Mutant("fused: theta ignored", PUTM + "engines.py", "ct_loss_gradient(cost, logits, s.rho, s.theta)",
-           "ct_loss_gradient(cost, logits, s.rho, 0.0)"),
+    Mutant("fused: rho ignored", PUTM + "engines.py", "s.negative_slope, s.rho, s.theta, self.compute_dtype",
+           "s.negative_slope, 0.5, s.theta, self.compute_dtype"),
+    Mutant("fused: theta ignored", PUTM + "engines.py", "s.negative_slope, s.rho, s.theta, self.compute_dtype",
+           "s.negative_slope, s.rho, 0.0, self.compute_dtype"),
     Mutant("autograd: rho and theta swapped", PUTM + "engines.py", "ct_loss(cost, forward, backward, settings.rho, settings.theta)",
            "ct_loss(cost, forward, backward, settings.theta, settings.rho)"),
     Mutant("ct_loss: backward term summed over classes", PUTM + "loss.py",
@@ -107,8 +106,8 @@ MUTANTS = [
            "backward = torch.softmax(logits, dim=2)"),
     Mutant("autograd: logits not negated", PUTM + "engines.py", "logits = -outputs.float().view(t, q, ways)",
            "logits = outputs.float().view(t, q, ways)"),
-    Mutant("fused: logits not negated", PUTM + "engines.py", "logits = -self.forward(inputs, weights, biases, work)",
-           "logits = self.forward(inputs, weights, biases, work)"),
+    Mutant("step function: logits not negated", PUTM + "step.py", "logits = -(out[:, :, :out_width]",
+           "logits = (out[:, :, :out_width]"),
     # --- Adam: lr, betas, bias correction, steps
     Mutant("fused: lr ignored", PUTM + "engines.py", "StackedAdam(navigator.flat, settings.lr, settings.adam_betas)",
            "StackedAdam(navigator.flat, 1e-3, settings.adam_betas)"),
@@ -117,8 +116,8 @@ MUTANTS = [
     Mutant("autograd: lr ignored", PUTM + "engines.py", "lr=self.settings.lr", "lr=1e-3"),
     Mutant("autograd: adam_betas ignored", PUTM + "engines.py", "betas=self.settings.adam_betas", "betas=(0.5, 0.99)"),
     Mutant("Adam: no first-moment bias correction", PUTM + "adam.py", "value=-(self.lr / bias_correction1)", "value=-self.lr"),
-    Mutant("Adam: second-moment correction not square-rooted", PUTM + "adam.py", "self.denom.div_(bias_correction2**0.5)",
-           "self.denom.div_(bias_correction2)"),
+    Mutant("Adam: second-moment correction not square-rooted", PUTM + "adam.py", "bias_correction2_sqrt = (1 - beta2 ** float(self.steps)) ** 0.5",
+           "bias_correction2_sqrt = (1 - beta2 ** float(self.steps))"),
     Mutant("Adam: step count stuck at 1", PUTM + "adam.py", "self.steps += 1", "self.steps = 1"),
     Mutant("Adam: eps 1e-6", PUTM + "adam.py", "ADAM_EPS = 1e-8", "ADAM_EPS = 1e-6"),
     Mutant("Adam: first moment weights swapped", PUTM + "adam.py", "self.exp_avg.lerp_(grad, 1 - beta1)",
@@ -127,25 +126,29 @@ MUTANTS = [
     Mutant("fused: inner_steps + 1", PUTM + "engines.py", "        for _ in range(s.inner_steps):", "        for _ in range(s.inner_steps + 1):"),
     Mutant("autograd: inner_steps - 1 (at least 1)", PUTM + "engines.py", "    for _ in range(settings.inner_steps):",
            "    for _ in range(max(1, settings.inner_steps - 1)):"),
-    Mutant("em_steps - 1", PUTM + "__init__.py", "steps = range(s.em_steps)", "steps = range(max(0, s.em_steps - 1))"),
-    Mutant("prediction from the backward navigator", PUTM + "__init__.py", "forward_out[active[index]] = forward.detach()",
-           "forward_out[active[index]] = backward.detach()"),
+    Mutant("em_steps - 1", PUTM + "em.py", "progress(range(s.em_steps))", "progress(range(max(0, s.em_steps - 1)))"),
+    Mutant("prediction from the backward navigator", PUTM + "em.py", "forward_out[part.tasks[final]] = forward[final]",
+           "forward_out[part.tasks[final]] = backward[final]"),
     # --- early stopping
     Mutant("early stop: < instead of <=", PUTM + "m_step.py", ".amax(dim=(1, 2)) <= tol", ".amax(dim=(1, 2)) < tol"),
     Mutant("early stop: mean instead of max change", PUTM + "m_step.py", ".abs().amax(dim=(1, 2))", ".abs().mean(dim=(1, 2))"),
-    Mutant("early stop: EM steps recorded one short", PUTM + "__init__.py", "em_steps[active[finished].cpu()] = step + 1",
-           "em_steps[active[finished].cpu()] = step"),
-    Mutant("early stop ignored", PUTM + "__init__.py", "return settled(before, after, self.settings.early_stop_tol)",
-           "return settled(before, after, None)"),
+    Mutant("early stop: EM steps recorded one short", PUTM + "em.py", "em_steps[part.tasks[done].cpu()] = step + 1",
+           "em_steps[part.tasks[done].cpu()] = step"),
+    Mutant("early stop ignored", PUTM + "em.py", "settled(part.prototypes, updated, s.early_stop_tol)",
+           "settled(part.prototypes, updated, None)"),
+    Mutant("early stop (fixed batch): a finished task's rows still count as running", PUTM + "em.py",
+           "            done = done & part.live\n", ""),
+    Mutant("early stop (fixed batch): final E-step result not kept", PUTM + "em.py",
+           "            self.final = done\n", "            self.final = None\n"),
     # --- query order
-    Mutant("canonical_query_order ignored (never)", PUTM + "__init__.py",
+    Mutant("canonical_query_order ignored (never)", PUTM + "plumbing.py",
            "order = canonical_query_order(tasks.query) if self.settings.canonical_query_order else None", "order = None"),
-    Mutant("canonical_query_order ignored (always)", PUTM + "__init__.py",
+    Mutant("canonical_query_order ignored (always)", PUTM + "plumbing.py",
            "order = canonical_query_order(tasks.query) if self.settings.canonical_query_order else None",
            "order = canonical_query_order(tasks.query)"),
-    Mutant("predictions not put back in input order", PUTM + "__init__.py", "            forward = unsort_rows(forward, order)\n", ""),
+    Mutant("predictions not put back in input order", PUTM + "plumbing.py", "            forward = unsort_rows(forward, order)\n", ""),
     # --- solver, precision
-    Mutant("solver ignored (always fused)", PUTM + "engines.py",
+    Mutant("solver ignored (always fused)", PUTM + "solvers.py",
            'trainer_class = FusedTrainer if settings.solver == "fused" else AutogradTrainer', "trainer_class = FusedTrainer"),
     Mutant("precision ignored (float32)", PUTM + "__init__.py",
            "compute_dtype(resolve_precision(s.precision, x.device))", "torch.float32"),
@@ -157,8 +160,8 @@ MUTANTS = [
     Mutant("workers keep all kernel threads", PUTM + "workers.py", "        torch.set_num_threads(1)\n", ""),
     Mutant("chunk not shared among workers", PUTM + "workers.py", "share = math.ceil((stop - start) / workers)",
            "share = stop - start"),
-    Mutant("max_chunk_tasks ignored", PUTM + "__init__.py", "cap = self.settings.max_chunk_tasks", "cap = None"),
-    Mutant("CPU default cap not per worker", PUTM + "__init__.py", "cap = CPU_MAX_CHUNK_TASKS * self.cpu_workers(device)",
+    Mutant("max_chunk_tasks ignored", PUTM + "plumbing.py", "cap = self.settings.max_chunk_tasks", "cap = None"),
+    Mutant("CPU default cap not per worker", PUTM + "plumbing.py", "cap = CPU_MAX_CHUNK_TASKS * self.cpu_workers(device)",
            "cap = CPU_MAX_CHUNK_TASKS"),
     # --- preprocessing (beta, QR, L2)
     Mutant("beta ignored (0.6)", PUTM + "__init__.py", "power_transform(x, self.settings.beta, self.name)",
@@ -174,12 +177,17 @@ MUTANTS = [
     Mutant("early stop: remaining tasks lose Adam's first moment", PUTM + "engines.py",
            "        chosen.adam.exp_avg.copy_(select_tasks(self.navigator, self.adam.exp_avg, index))\n", ""),
     Mutant("early stop: autograd optimiser state dropped", PUTM + "engines.py", "            if state:", "            if False:"),
-    Mutant("early stop: finished tasks get the wrong generators", PUTM + "__init__.py",
-           "[generators[i] for i in finished.tolist()]", "generators[: len(finished)]"),
-    Mutant("fused backward: LeakyReLU gradient slope doubled", PUTM + "engines.py",
+    Mutant("early stop: finished tasks get the wrong generators", PUTM + "em.py",
+           "generators = [self.generators[i] for i in index.tolist()]", "generators = self.generators[: len(index)]"),
+    Mutant("fused backward: LeakyReLU gradient slope doubled", PUTM + "step.py",
            "leaky_relu_backward.grad_input(grad_below, below, slope, False", "leaky_relu_backward.grad_input(grad_below, below, 2 * slope, False"),
-    Mutant("fused backward: bias gradients zero", PUTM + "engines.py", "            torch.sum(grad, 1, keepdim=True, out=out)",
-           "            out.zero_()"),
+    Mutant("fused backward: bias gradients zero", PUTM + "step.py", "        return torch.sum(grad, 1, keepdim=True, out=out)\n",
+           "        return torch.sum(grad, 1, keepdim=True, out=out).zero_()\n"),
+    Mutant("compiled backward: LeakyReLU gradient slope doubled", PUTM + "step.py",
+           "leaky_relu_backward(grad_below, below, slope, False)", "leaky_relu_backward(grad_below, below, 2 * slope, False)"),
+    Mutant("device Adam: second-moment correction not square-rooted", PUTM + "adam.py",
+           "bias_correction2_sqrt = (1 - torch.pow(beta2, self.steps)).sqrt()", "bias_correction2_sqrt = 1 - torch.pow(beta2, self.steps)"),
+    Mutant("device Adam: step count not advanced", PUTM + "adam.py", "            self.steps.add_(1)\n", ""),
     Mutant("reinit keeps the trained biases", PUTM + "navigator.py", "            b.zero_()", "            pass"),
     Mutant("ct_loss_gradient: forward mean over classes", PUTM + "loss.py", "expand(t, q).div(q)", "expand(t, q).div(n)"),
     Mutant("auto: bf16 only with AVX512-BF16 and AMX", PUTM + "precision.py", "any(check is not None and check() for check in native)",

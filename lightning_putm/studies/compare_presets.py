@@ -11,7 +11,7 @@ A ``BASE_DIR`` of ``-`` checks a candidate against SimpleShot alone (for a run w
     python evaluate.py features=demo 'shots=[1,5]' 'alphas=[0.5,1,2,3,4,5,6,8,10,balanced]' tasks=200 \\
         'methods=[putm,simpleshot]' output_dir=outputs/recommend/pixels-reference
     python evaluate.py ... method.putm.preset=support_anchored output_dir=outputs/recommend/pixels-recommended
-    python benchmarks/compare_presets.py --set "digits pixels" outputs/recommend/pixels-reference \\
+    python -m lightning_putm compare-presets --set "digits pixels" outputs/recommend/pixels-reference \\
         outputs/recommend/pixels-recommended [--set ...] --figure docs/img/recommended_preset.png
 """
 
@@ -22,6 +22,8 @@ import csv
 import math
 from collections import defaultdict
 from pathlib import Path
+
+from lightning_putm.atomic import atomic_savefig
 
 BASELINE = "simpleshot"
 NO_BASE = "-"  # as BASE_DIR: no base run (e.g. a 1000-task check of the candidate against SimpleShot only)
@@ -151,20 +153,21 @@ def figure(summaries: list[dict], path: Path, base_label: str = "PUTM reference"
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
+    atomic_savefig(fig, path, dpi=150)
     print(f"wrote {path}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> list[dict]:
+    """Print the tables (and draw the figure) of ``argv``; returns the summaries."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", nargs=3, action="append", required=True, metavar=("NAME", "BASE_DIR", "CANDIDATE_DIR"),
                         help=f"a feature set: its name, the base preset's run ({NO_BASE!r}: none) and the candidate's")
     parser.add_argument("--figure", type=Path, help="write the accuracy-vs-α figure here (PNG)")
     parser.add_argument("--compact", action="store_true", help="one row per α (for docs) instead of per setting")
     parser.add_argument("--base-label", default="PUTM reference")
     parser.add_argument("--candidate-label", default="PUTM support_anchored")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     summaries = []
     for name, base_dir, candidate_dir in args.set:
         lines, summary = compare(name, Path(base_dir), Path(candidate_dir))
@@ -172,7 +175,5 @@ def main() -> None:
         summaries.append(summary)
     if args.figure:
         figure(summaries, args.figure, args.base_label, args.candidate_label)
+    return summaries
 
-
-if __name__ == "__main__":
-    main()

@@ -1,13 +1,13 @@
 """One selection from several ``tune`` runs of the same sweep on different validation feature sets.
 
 ``python -m lightning_putm tune`` selects on one checkpoint's validation classes. A setting meant to hold on strong
-and weak features alike is selected on each, and this script joins them: for every point of the sweep it takes the
+and weak features alike is selected on each, and this command joins them: for every point of the sweep it takes the
 worst of its validation metrics (``min`` when the sweep maximises, ``max`` when it minimises), then picks the best
 point by that, with ties (within 0.005, as ``tune``) broken by ``--prefer KEY=max|min``.
 
     python -m lightning_putm tune conf/sweep/study_recommend.yaml checkpoint=A.ckpt --dir outputs/tune/a
     python -m lightning_putm tune conf/sweep/study_recommend.yaml checkpoint=B.ckpt --dir outputs/tune/b
-    python benchmarks/combine_tunes.py outputs/tune/a outputs/tune/b --prefer method.putm.support_weight=max
+    python -m lightning_putm combine-tunes outputs/tune/a outputs/tune/b --prefer method.putm.support_weight=max
 """
 
 from __future__ import annotations
@@ -59,12 +59,14 @@ def combine(folders: list[Path], goal: str = "maximize", prefer: tuple[str, str]
     return lines, best, tied
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None, prog: str | None = None) -> Row:
+    """Print the joined table and the selected point of ``argv``'s tune folders; returns that point."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folders", nargs="+", type=Path)
     parser.add_argument("--goal", choices=["maximize", "minimize"], default="maximize")
     parser.add_argument("--prefer", help="KEY=max|min: which tied point to take")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     prefer = None
     if args.prefer:
         key, _, direction = args.prefer.rpartition("=")
@@ -74,7 +76,5 @@ def main() -> None:
     lines, best, tied = combine(args.folders, args.goal, prefer)
     print("\n".join(lines))
     print(f"\nselected: {best.point} (worst validation metric {best.metric:+.2f}; {len(tied)} tied)")
+    return best
 
-
-if __name__ == "__main__":
-    main()

@@ -12,7 +12,7 @@ difference from the reference over the same tasks (``per_task.csv``), whose CI i
     for v in 0.4 0.5 0.7 0.8; do python evaluate.py features=demo tasks=100 'shots=[1,5]' 'alphas=[2]' \\
         'methods=[putm,simpleshot]' method.putm.beta=$v output_dir=outputs/studies/sensitivity-pixels/beta$v; done
     ...   # rho, inertia; and the same command without an override -> outputs/studies/sensitivity-pixels/reference
-    python benchmarks/sensitivity_figure.py --set "digits pixels" outputs/studies/sensitivity-pixels \\
+    python -m lightning_putm sensitivity-figure --set "digits pixels" outputs/studies/sensitivity-pixels \\
         --figure docs/img/study_sensitivity.png
 """
 
@@ -25,11 +25,8 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from compare_presets import read_results  # noqa: E402  (results.csv of a run folder)
+from lightning_putm.atomic import atomic_savefig
+from lightning_putm.studies.compare_presets import read_results  # results.csv of a run folder
 
 PARAMETERS = ("beta", "rho", "inertia")
 LABELS = {"beta": "β (power transform)", "rho": "ρ (CT balance)", "inertia": "inertia a"}
@@ -178,15 +175,13 @@ def draw(sets: list[tuple[str, dict, dict, dict]], path: Path) -> None:
     axes[0][0].legend(fontsize=8)
     fig.suptitle("PUTM against one hyper-parameter at a time (★ the reference value)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(temp, dpi=150, format=path.suffix.lstrip(".") or "png")
+    atomic_savefig(fig, path, dpi=150, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
-    temp.replace(path)
 
 
-def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> str:
+    """Print the tables (and draw the figure) of ``argv``'s sets; returns the tables' text."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--set", nargs=2, action="append", required=True, metavar=("NAME", "FOLDER"))
     parser.add_argument("--reference", default="reference", help="the run folder every other run changes from")
     parser.add_argument("--figure", type=Path, help="write the figure here (PNG or PDF)")
@@ -199,6 +194,3 @@ def main(argv: list[str] | None = None) -> str:
         print(f"figure: {args.figure}")
     return text
 
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """How far can PUTM's navigator be trusted? Its accuracy against two signals a task itself offers, per (shot, α).
 
 A support weight that adapts to the task (trust the queries' mass when the features are good, keep the prototypes
-at the support when they are not) needs a signal that tracks whether transduction helps. This script prints, for a
+at the support when they are not) needs a signal that tracks whether transduction helps. This command prints, for a
 PUTM preset on one feature set:
 
 - the accuracy of the final forward navigator π_f, and of the support-only nearest mean on the same preprocessed
@@ -10,8 +10,8 @@ PUTM preset on one feature set:
   the accuracy means the navigator is sure and wrong;
 - the agreement between PUTM's and the nearest mean's labels: how much transduction changed the answer.
 
-    python benchmarks/navigator_confidence.py --features demo --preset support_anchored
-    python benchmarks/navigator_confidence.py --features outputs/feature_cache/<file>.pt --queries 15
+    python -m lightning_putm navigator-confidence --features demo --preset support_anchored
+    python -m lightning_putm navigator-confidence --features outputs/feature_cache/<file>.pt --queries 15
 
 ``--features`` is ``demo`` (the built-in digits pixels) or a feature file in the format ``evaluate.py`` reads
 (for example a file of its feature cache, which holds a checkpoint's test features).
@@ -20,21 +20,19 @@ PUTM preset on one feature set:
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from lightning_putm.config import conf_dir
+from lightning_putm.data.digits import digits_feature_set
+from lightning_putm.data.episodes import sample_episode_bank
+from lightning_putm.features import FeatureSet, load_features
+from lightning_putm.methods.putm import PUTM
+from lightning_putm.tasks import TaskBatch, weighted_class_means
 
-from lightning_putm.data.digits import digits_feature_set  # noqa: E402
-from lightning_putm.data.episodes import sample_episode_bank  # noqa: E402
-from lightning_putm.features import FeatureSet, load_features  # noqa: E402
-from lightning_putm.methods.putm import PUTM  # noqa: E402
-from lightning_putm.tasks import TaskBatch, weighted_class_means  # noqa: E402
-
-PRESETS = ROOT / "conf" / "method" / "presets" / "putm"
+#: the PUTM presets' folder, below the config folder (``conf/`` or ``$LIGHTNING_PUTM_CONF``)
+PRESETS = Path("method") / "presets" / "putm"
 
 
 def confidence_stats(probabilities: torch.Tensor, query_labels: torch.Tensor) -> tuple[float, float]:
@@ -60,10 +58,11 @@ def preset_options(name: str, overrides: list[str]) -> dict:
     if name == "reference":
         options: dict = {}
     else:
-        path = PRESETS / f"{name}.yaml"
+        folder = conf_dir() / PRESETS
+        path = folder / f"{name}.yaml"
         if not path.is_file():
-            known = sorted(p.stem for p in PRESETS.glob("*.yaml"))
-            raise SystemExit(f"--preset {name!r}: no {path.relative_to(ROOT)}; presets: {', '.join(known)}")
+            known = sorted(p.stem for p in folder.glob("*.yaml"))
+            raise SystemExit(f"--preset {name!r}: no {path}; presets: {', '.join(known)}")
         options = dict(OmegaConf.to_container(OmegaConf.load(path)))
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -92,8 +91,9 @@ def measure(feature_set: FeatureSet, options: dict, shots: int, alpha: float | N
     return accuracy, confidence, nearest_accuracy, agreement
 
 
-def main(argv: list[str] | None = None) -> list[tuple]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str | None = None) -> list[tuple]:
+    """Print one row per (shot, α) of ``argv``'s preset and features; returns the rows."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--features", default="demo", help="'demo' (digits pixels) or a feature file")
     parser.add_argument("--preset", default="reference", help="a PUTM preset: reference, fast, support_anchored, ...")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a PUTM option on top")
@@ -119,6 +119,3 @@ def main(argv: list[str] | None = None) -> list[tuple]:
                   f"{nearest:.2f} | {agreement:.2f} |", flush=True)
     return rows
 
-
-if __name__ == "__main__":
-    main()
