@@ -90,8 +90,9 @@ def read_sweep(path: Path, overrides: Sequence[str] = ()) -> Sweep:
         raise ConfigError(f"{path}: program must be evaluate.py, got {spec.get('program')!r}")
     method = str(spec.get("method", ""))
     if method not in METHODS:
+        hint = did_you_mean(method, METHODS).strip()
         raise ConfigError(f"{path}: method must be one of {', '.join(METHODS)}, got {method!r}"
-                          + (f"; {did_you_mean(method, METHODS).strip()}" if did_you_mean(method, METHODS) else ""))
+                          + (f"; {hint}" if hint else ""))
     metric = spec.get("metric") or {}
     name = str(metric.get("name", ""))
     if not METRIC.match(name):
