@@ -16,7 +16,8 @@ import sys
 
 from lightning_putm.cli import run_cli
 from lightning_putm.jobs.evaluate import run_evaluate
-from lightning_putm.jobs.predict import predict_help, run_predict
+from lightning_putm.jobs.predict import run_predict
+from lightning_putm.prediction.settings import predict_help
 
 PREDICT = "predict"
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from lightning_putm.data import digits_feature_set, sample_episode_bank
-from lightning_putm.features import FeatureSet
+from lightning_putm.features.files import FeatureSet
 from lightning_putm.methods import available_methods, build_method
 from lightning_putm.metrics import task_accuracy
 from lightning_putm.tasks import TaskBatch

@@ -32,7 +32,7 @@ import torch
 
 import pytorch_lightning as pl
 
-from lightning_putm.pretrain import S2M2Module
+from lightning_putm.pretraining.module import S2M2Module
 
 HEADER = ("| backbone | stage | device | precision | channels-last | compile | batch | image | timed steps | "
           "s/step | images/s | backbone passes/s | TFLOP/s | peak memory (GiB) |")

@@ -35,7 +35,7 @@ import torch
 
 from lightning_putm.data.digits import digits_feature_set
 from lightning_putm.data.episodes import sample_episode_bank
-from lightning_putm.features import FeatureSet, load_features
+from lightning_putm.features.files import FeatureSet, load_features
 from lightning_putm.methods.bavardage import BAVARDAGE, base_within_class_scatter
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
 from lightning_putm.studies.reference import import_from_checkout

@@ -44,7 +44,7 @@ import yaml
 
 from lightning_putm.data.digits import digits_feature_set
 from lightning_putm.data.episodes import sample_episode_bank
-from lightning_putm.features import load_features
+from lightning_putm.features.files import load_features
 from lightning_putm.methods import build_method
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
 from lightning_putm.studies.reference import import_from_checkout

@@ -193,7 +193,7 @@ def feature_sets(which: list[str], args) -> list[tuple[str, torch.Tensor, torch.
         digits = digits_feature_set()
         sets.append(("digits", digits.features, digits.labels, None, 75))
     if "omniglot" in which:
-        from lightning_putm.features import load_features
+        from lightning_putm.features.files import load_features
 
         if not args.omniglot_test or not Path(args.omniglot_test).is_file():
             print(f"skipping omniglot: no feature file ({args.omniglot_test or 'pass --omniglot-test FILE'})")

@@ -30,9 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 import torch
 
 from lightning_putm.data import FewShotDataModule, sample_episode_bank
-from lightning_putm.metrics import mean_and_ci95
-from lightning_putm.pretrain import load_backbone, ncm_task_accuracy
 from lightning_putm.jobs.train import run_train_backbone
+from lightning_putm.metrics import mean_and_ci95
+from lightning_putm.pretraining.checkpoints import load_backbone
+from lightning_putm.pretraining.module import ncm_task_accuracy
 
 SETTINGS = [(5, 1), (5, 5), (20, 1), (20, 5)]  # (ways, shots); 5-way 1-shot is the acceptance number
 

@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if command in ANALYSES:
         return run_analysis(command, rest)
     if command == "predict" or (command == "evaluate" and rest[:1] == ["predict"]):  # as `evaluate.py predict`
-        from lightning_putm.jobs.predict import predict_help
+        from lightning_putm.prediction.settings import predict_help
 
         return run_cli(predict, rest[1:] if command == "evaluate" else rest, help_text=predict_help)
     if command == "evaluate":

@@ -33,13 +33,13 @@ from PIL import Image
 from conftest import make_clustered_features
 from helpers.cli import FAST_EVAL, FAST_TRAIN, run_in_process, run_script
 from helpers.ledger import Ledger, report
-from lightning_putm.checkpoints import read_checkpoint
 from lightning_putm.config import parse_value
 from lightning_putm.data.imagesplit import decode_image, find_unreadable_images
 from lightning_putm.data.registry import read_split
 from lightning_putm.errors import DataError, LightningPutmError
-from lightning_putm.features import FORMAT_NAME, save_features
-from lightning_putm.pretrain import S2M2Module, load_module
+from lightning_putm.features.files import FORMAT_NAME, save_features
+from lightning_putm.pretraining.checkpoints import load_module, read_checkpoint
+from lightning_putm.pretraining.module import S2M2Module
 
 LEDGER = Ledger("bad inputs")
 pytestmark = pytest.mark.usefixtures("single_thread")

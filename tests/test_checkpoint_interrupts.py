@@ -26,7 +26,7 @@ import torch
 
 from helpers.cli import REPO
 from lightning_putm.atomic import atomic_torch_save
-from lightning_putm.checkpoints import read_checkpoint
+from lightning_putm.pretraining.checkpoints import read_checkpoint
 from lightning_putm.signals import signals_deferred
 
 HELPERS = Path(__file__).resolve().parent / "helpers"

@@ -16,7 +16,8 @@ from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.jobs.train import run_train_backbone
 from lightning_putm.methods.putm import PUTM
 from lightning_putm.models import Mixup
-from lightning_putm.pretrain import S2M2Module, load_module
+from lightning_putm.pretraining.checkpoints import load_module
+from lightning_putm.pretraining.module import S2M2Module
 
 pytestmark = pytest.mark.cuda
 CUDA = torch.device("cuda", 0)

@@ -85,7 +85,7 @@ def test_checkpoint_features_do_not_depend_on_the_extraction_batch_size(tmp_path
         outs[size] = evaluate(tmp_path / f"batch_{size}", f"checkpoint={tiny_checkpoint}", "features=auto",
                               f"data.eval_batch_size={size}", f"feature_cache_dir={tmp_path / f'cache_{size}'}")
     compare("checkpoint evaluation: data.eval_batch_size=512 vs 7", outs[512], outs[7])
-    from lightning_putm.features import load_features
+    from lightning_putm.features.files import load_features
 
     (first,), (second,) = (list((tmp_path / f"cache_{s}").glob("digits-test-*.pt")) for s in (512, 7))
     assert torch.equal(load_features(first).features, load_features(second).features)

@@ -12,7 +12,7 @@ import torch
 
 from conftest import REPO_ROOT, make_clustered_features
 from lightning_putm.evaluation import gather_shards, shard_range
-from lightning_putm.features import save_features
+from lightning_putm.features.files import save_features
 
 
 def test_shards_cover_every_task_once():

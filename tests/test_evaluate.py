@@ -12,8 +12,8 @@ import torch
 from conftest import REPO_ROOT, make_clustered_features
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation import load_evaluate_config, settings_from_config
+from lightning_putm.features.files import save_features
 from lightning_putm.jobs.evaluate import run_evaluate
-from lightning_putm.features import save_features
 
 FAST_PUTM = ["methods=[putm,simpleshot]", "method.putm.em_steps=2", "method.putm.inner_steps=3", "logger=none", "plots=false"]
 

@@ -13,11 +13,11 @@ import torch
 
 from conftest import REPO_ROOT
 from lightning_putm.errors import LightningPutmError
+from lightning_putm.features.extraction import BackboneFeatures
+from lightning_putm.features.files import load_features
 from lightning_putm.jobs.evaluate import run_evaluate
-from lightning_putm.feature_modules import BackboneFeatures
-from lightning_putm.features import load_features
-from lightning_putm.pretrain import S2M2Module
 from lightning_putm.jobs.train import run_train_backbone
+from lightning_putm.pretraining.module import S2M2Module
 from wandb_records import history, offline_run, run_record, table
 
 pytestmark = pytest.mark.usefixtures("single_thread")

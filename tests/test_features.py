@@ -11,7 +11,7 @@ import torch
 
 from lightning_putm.data.digits import digits_feature_set
 from lightning_putm.errors import FeatureError
-from lightning_putm.features import FeatureSet, load_features, save_features
+from lightning_putm.features.files import FeatureSet, load_features, save_features
 
 
 def small_set() -> FeatureSet:

@@ -156,7 +156,7 @@ def test_module_help_goes_to_stdout_and_an_unknown_command_suggests_one() -> Non
 
 def test_study_help_lists_every_option_the_parser_accepts() -> None:
     """Kills: an option of ``study`` that its help does not describe (``--heartbeat`` and ``--grace`` were missing)."""
-    from lightning_putm.jobs import study
+    from lightning_putm.studies import study  # its parse_options reads the options
 
     _, text, _ = captured(lambda: module_main(["study", "--help"]))
     source = Path(study.__file__).read_text()

@@ -96,22 +96,37 @@ def test_the_cycle_finder_sees_function_level_and_relative_imports(tmp_path: Pat
     assert find_cycle(import_graph(package_modules(package))) is None
 
 
-#: Lower layers never import higher ones: methods know only tensors; evaluation knows no Lightning callback;
-#: only the jobs build Trainers around the callback.
+#: Lower layers never import higher ones. Bottom to top: the core (config, validators, errors, atomic, runs, ...),
+#: models / features / data / methods (methods know only tensors), the S2M2 module and checkpoints, evaluation,
+#: prediction and pretraining's stages, studies, jobs. A wing's settings may read evaluation's settings (the
+#: in-training few-shot check, predict's method settings); the S2M2 module and the checkpoints may not.
+JOBS, STUDIES, CALLBACK = "lightning_putm.jobs", "lightning_putm.studies", "lightning_putm.evaluation.callback"
+TRAINING_RUN = {"lightning_putm.pretraining.settings", "lightning_putm.pretraining.stages",
+                "lightning_putm.pretraining.progress"}
 LAYERS = [
-    ("lightning_putm.methods", {"lightning_putm.evaluation", "lightning_putm.callbacks", "lightning_putm.jobs",
-                                "lightning_putm.pretrain", "lightning_putm.data", "lightning_putm.models"}),
-    ("lightning_putm.evaluation", {"lightning_putm.callbacks", "lightning_putm.jobs"}),
-    ("lightning_putm.callbacks", {"lightning_putm.jobs"}),
-    ("lightning_putm.pretrain", {"lightning_putm.evaluation", "lightning_putm.callbacks", "lightning_putm.jobs"}),
-    ("lightning_putm.data", {"lightning_putm.evaluation", "lightning_putm.callbacks", "lightning_putm.jobs",
-                             "lightning_putm.methods"}),
+    ("lightning_putm.methods", {"lightning_putm.evaluation", "lightning_putm.pretraining", "lightning_putm.features",
+                                "lightning_putm.prediction", "lightning_putm.data", "lightning_putm.models", STUDIES,
+                                JOBS}),
+    ("lightning_putm.features", {"lightning_putm.evaluation", "lightning_putm.pretraining", "lightning_putm.prediction",
+                                 "lightning_putm.data", "lightning_putm.methods", STUDIES, JOBS}),
+    ("lightning_putm.data", {"lightning_putm.evaluation", "lightning_putm.pretraining", "lightning_putm.prediction",
+                             "lightning_putm.methods", "lightning_putm.features.extraction",
+                             "lightning_putm.features.cache", STUDIES, JOBS}),
+    ("lightning_putm.pretraining.module", {"lightning_putm.evaluation", "lightning_putm.prediction", *TRAINING_RUN,
+                                           STUDIES, JOBS}),
+    ("lightning_putm.pretraining.checkpoints", {"lightning_putm.evaluation", "lightning_putm.prediction",
+                                                *TRAINING_RUN, STUDIES, JOBS}),
+    ("lightning_putm.evaluation", {*TRAINING_RUN, "lightning_putm.prediction", STUDIES, JOBS}),
     # folders → one task: data readers, the methods and tensors; no Lightning module, no evaluation run
-    ("lightning_putm.prediction", {"lightning_putm.evaluation", "lightning_putm.callbacks", "lightning_putm.jobs",
-                                   "lightning_putm.pretrain", "lightning_putm.feature_modules"}),
-    # analyses of finished runs (and reference code for the benchmarks): they read folders, build no Trainer
-    ("lightning_putm.studies", {"lightning_putm.callbacks", "lightning_putm.pretrain",
-                                "lightning_putm.feature_modules"}),
+    ("lightning_putm.prediction.images", {"lightning_putm.evaluation", "lightning_putm.pretraining",
+                                          "lightning_putm.features.extraction", STUDIES, JOBS}),
+    ("lightning_putm.prediction.outputs", {"lightning_putm.evaluation", "lightning_putm.pretraining",
+                                           "lightning_putm.features.extraction", STUDIES, JOBS}),
+    ("lightning_putm.prediction.settings", {CALLBACK, "lightning_putm.pretraining", STUDIES, JOBS}),
+    ("lightning_putm.pretraining.settings", {CALLBACK, "lightning_putm.pretraining.stages", STUDIES, JOBS}),
+    ("lightning_putm.pretraining.stages", {STUDIES, JOBS}),
+    # studies and analyses of finished runs: they read folders and run evaluations handed to them; no Trainer
+    (STUDIES, {CALLBACK, "lightning_putm.pretraining", "lightning_putm.features.extraction", JOBS}),
 ]
 
 
@@ -124,16 +139,31 @@ def test_imports_point_down(layer: str, forbidden: set[str]) -> None:
     assert not wrong, "imports pointing up: " + "; ".join(wrong)
 
 
-def test_only_the_jobs_import_the_callback() -> None:
+def test_only_the_jobs_and_a_training_stage_import_the_callback() -> None:
     graph = import_graph(package_modules())
-    users = sorted(source for source, targets in graph.items() if "lightning_putm.callbacks" in targets)
-    assert users and all(user.startswith("lightning_putm.jobs.") for user in users), users
+    users = sorted(source for source, targets in graph.items() if CALLBACK in targets)
+    assert users and all(user.startswith(JOBS + ".") or user == "lightning_putm.pretraining.stages"
+                         for user in users), users
 
 
-def test_only_the_entry_point_imports_the_studies() -> None:
-    """``studies/`` sits at the jobs' level: no module below it (jobs, evaluation, methods, data, the foundation)
-    imports it; ``python -m lightning_putm`` (``__main__``) is its only user outside the wing."""
+def test_only_the_jobs_and_the_entry_point_import_the_studies() -> None:
+    """``studies/`` sits just below the jobs: no module of the other wings or the core imports it; the study and
+    tune jobs and ``python -m lightning_putm`` (``__main__``) are its only users outside the wing."""
     graph = import_graph(package_modules())
-    users = sorted(source for source, targets in graph.items() if not source.startswith("lightning_putm.studies")
-                   for target in targets if target.startswith("lightning_putm.studies"))
+    users = sorted(source for source, targets in graph.items() if not source.startswith(STUDIES)
+                   for target in targets if target.startswith(STUDIES))
+    assert users and set(users) <= {"lightning_putm.__main__", f"{JOBS}.study", f"{JOBS}.tune"}, users
+
+
+def test_nothing_but_the_entry_point_imports_a_job() -> None:
+    graph = import_graph(package_modules())
+    users = sorted(source for source, targets in graph.items() if not source.startswith(JOBS + ".")
+                   for target in targets if target.startswith(JOBS))
     assert set(users) <= {"lightning_putm.__main__"}, users
+
+
+def test_the_top_level_is_the_core() -> None:
+    """Wings are folders; the package's top level holds only the small core every wing may use."""
+    top = sorted(p.stem for p in PACKAGE_ROOT.glob("*.py"))
+    assert top == ["__init__", "__main__", "atomic", "cli", "config", "errors", "help", "loggers", "metrics", "runs",
+                   "signals", "tasks", "validators"], top

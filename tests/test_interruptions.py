@@ -35,13 +35,13 @@ from helpers.cli import REPO
 from helpers.crash_writer import CACHE_KEY, payload, write_once
 from helpers.ledger import Ledger, isolated_working_folder, module_figures
 from lightning_putm.atomic import STALE_TEMP_SECONDS
-from lightning_putm.checkpoints import read_checkpoint
 from lightning_putm.errors import LightningPutmError
-from lightning_putm.extraction import FeatureCache
-from lightning_putm.features import load_features
+from lightning_putm.features.cache import FeatureCache
+from lightning_putm.features.files import load_features
 from lightning_putm.jobs.evaluate import run_evaluate
 from lightning_putm.jobs.study import run_study
 from lightning_putm.jobs.train import run_train_backbone
+from lightning_putm.pretraining.checkpoints import read_checkpoint
 
 LEDGER = Ledger("interruptions", verb="recovered")
 HELPERS = Path(__file__).resolve().parent / "helpers"

@@ -8,12 +8,11 @@ import csv
 import pytest
 import torch
 
-from lightning_putm.evaluation import runner as evaluation
 from lightning_putm.errors import ConfigError
-from lightning_putm.evaluation import (evaluate_features, format_table, load_evaluate_config, settings_from_config,
-                                       write_report)
+from lightning_putm.evaluation import (evaluate_features, format_table, load_evaluate_config, runner as evaluation,
+                                       settings_from_config, write_report)
+from lightning_putm.features.files import FeatureSet
 from lightning_putm.jobs.evaluate import run_evaluate
-from lightning_putm.features import FeatureSet
 from lightning_putm.methods import build_method
 from lightning_putm.methods.ptmap import PTMAP
 from lightning_putm.methods.simpleshot import SimpleShot

@@ -16,7 +16,7 @@ import torch
 
 from helpers.tasks import clustered_tasks
 from lightning_putm.errors import ConfigError, FeatureError
-from lightning_putm.features import FeatureSet, save_features
+from lightning_putm.features.files import FeatureSet, save_features
 from lightning_putm.methods import available_methods, build_method
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.bdcspn import BDCSPN, cosine
@@ -24,7 +24,7 @@ from lightning_putm.methods.laplacianshot import LaplacianShot, knn_affinity, la
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.methods.ptmap import PTMAP, sinkhorn
 from lightning_putm.methods.simpleshot import SimpleShot
-from lightning_putm.methods.tim import TIMGD, AlphaTIM, shannon_entropy, tsallis_entropy
+from lightning_putm.methods.tim import AlphaTIM, TIMGD, shannon_entropy, tsallis_entropy
 from lightning_putm.tasks import TaskBatch
 
 PEERS = ["protonet", "simpleshot", "ptmap", "tim", "alpha_tim", "bdcspn", "laplacianshot", "bavardage", "ilpc"]

@@ -13,16 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_putm.evaluation.plots import (
-    ALPHA_LINE_GID,
-    BALANCED_POINT_GID,
-    _accuracy_vs_alpha_figure,
-    _query_counts_figure,
-    _tsne_embedding,
-    plot_accuracy_vs_alpha,
-    plot_prototype_tsne,
-    plot_query_counts,
-)
+from lightning_putm.evaluation.plots import (ALPHA_LINE_GID, BALANCED_POINT_GID, _accuracy_vs_alpha_figure,
+                                             _query_counts_figure, _tsne_embedding, plot_accuracy_vs_alpha,
+                                             plot_prototype_tsne, plot_query_counts)
 
 
 def assert_valid_png(path: Path) -> None:
@@ -307,7 +300,7 @@ def test_registry_display_names() -> None:
 
 
 def test_legend_shows_display_names_in_run_order() -> None:
-    from lightning_putm.evaluation.plots import legend_labels
+    from lightning_putm.evaluation.plot_style import legend_labels
 
     rows = summary_rows(methods=ALL_METHODS + ["my_method"], shots=(1,), alphas=("1", "2", "balanced"))
     figure = _accuracy_vs_alpha_figure(rows)
@@ -394,7 +387,7 @@ def test_class_labels_stay_distinct_and_default_to_indices() -> None:
 def test_paper_style_is_applied_to_the_figures_and_never_leaks(tmp_path: Path) -> None:
     import matplotlib
 
-    from lightning_putm.evaluation.plots import PAPER_RC, paper_style
+    from lightning_putm.evaluation.plot_style import PAPER_RC, paper_style
 
     before = dict(matplotlib.rcParams)
     figure = _accuracy_vs_alpha_figure(summary_rows(shots=(1,)))
@@ -447,7 +440,7 @@ def test_accuracy_vs_alpha_title_names_features_task_shape_tasks_and_the_bars() 
 
 
 def test_case_study_captions_and_dataset_labels() -> None:
-    from lightning_putm.evaluation.plots import dataset_label, task_caption
+    from lightning_putm.evaluation.plot_style import dataset_label, task_caption
 
     assert dataset_label("/runs/x/best.ckpt on omniglot/test") == "omniglot/test (best.ckpt)"
     assert dataset_label("/data/features/novel.pt") == "novel.pt"
@@ -462,7 +455,8 @@ def test_tsne_queries_are_coloured_by_their_true_class_and_the_legend_says_so() 
     # kills: colouring queries by anything but the labels given, or a legend silent on what colour and marker mean
     from matplotlib.colors import to_rgba_array
 
-    from lightning_putm.evaluation.plots import QUERY_LEGEND, _prototype_tsne_figure, class_colours, legend_labels
+    from lightning_putm.evaluation.plots import QUERY_LEGEND, _prototype_tsne_figure
+    from lightning_putm.evaluation.plot_style import class_colours, legend_labels
 
     queries, labels, support, refined = tiny_task()
     figure = _prototype_tsne_figure(queries, labels, support, refined, support=support,

@@ -18,8 +18,8 @@ from PIL import Image
 from conftest import omniglot_skip_reason, real_omniglot_root
 from lightning_putm.data.omniglot import load_character
 from lightning_putm.errors import ConfigError, DataError
-from lightning_putm.extraction import load_checkpoint_backbone
-from lightning_putm.prediction import checkpoint_image_reader, omniglot_pixels, read_folders
+from lightning_putm.prediction.images import checkpoint_image_reader, omniglot_pixels, read_folders
+from lightning_putm.pretraining.checkpoints import load_checkpoint_backbone
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OMNIGLOT = real_omniglot_root() / "omniglot-py"

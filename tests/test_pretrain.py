@@ -1,4 +1,4 @@
-"""S2M2 pretraining: training steps, resume, DDP, checkpoints and the train_backbone config (lightning_putm.pretrain).
+"""S2M2 pretraining: training steps, resume, DDP, checkpoints and the train_backbone config (lightning_putm.pretraining).
 
 Runs use the digits demo with a narrow Conv-4 and a few batches so the whole file stays quick on 2 CPU cores.
 """
@@ -17,14 +17,16 @@ import pytorch_lightning as pl
 import torch
 from wandb_records import run_record
 
-from lightning_putm.checkpoints import AtomicCheckpointIO, read_checkpoint
+from lightning_putm.pretraining.checkpoints import AtomicCheckpointIO, read_checkpoint
 from helpers.cli import run_in_process
 from lightning_putm.cli import run_cli
 from lightning_putm.data import FewShotDataModule, sample_episode_bank
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.models import Mixup
-from lightning_putm.pretrain import STAGES, S2M2Module, init_from_checkpoint, load_backbone, ncm_task_accuracy
-from lightning_putm.jobs.train import load_train_config, run_train_backbone, settings_from_config
+from lightning_putm.pretraining.module import STAGES, S2M2Module, ncm_task_accuracy
+from lightning_putm.pretraining.checkpoints import init_from_checkpoint, load_backbone
+from lightning_putm.pretraining.settings import load_train_config, settings_from_config
+from lightning_putm.jobs.train import run_train_backbone
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = ["logger=none", "trainer.enable_progress_bar=false", "trainer.enable_model_summary=false",
@@ -261,9 +263,9 @@ def test_a_trainer_option_lightning_rejects_at_fit_time_is_one_clear_error(tmp_p
 def test_the_progress_bar_shows_stage_and_epoch_instead_of_the_logger_version(tmp_path: Path, capsys,
                                                                               monkeypatch) -> None:
     """The CSV logger's version is the stage name, which Lightning's bar showed cut to `v_num=fier`."""
-    import lightning_putm.jobs.train as train_job
+    import lightning_putm.pretraining.stages as stages
 
-    monkeypatch.setattr(train_job, "on_terminal", lambda: True)  # the bar is drawn on a terminal only
+    monkeypatch.setattr(stages, "on_terminal", lambda: True)  # the bar is drawn on a terminal only
     args = [a for a in QUIET if a not in ("logger=none", "trainer.enable_progress_bar=false")]
     run_train_backbone(args + ["logger=csv", f"log_dir={tmp_path / 'logs'}", f"checkpoint_dir={tmp_path}",
                                "stages=[classifier]", "trainer.max_epochs=2", "trainer.limit_train_batches=2",

@@ -15,10 +15,12 @@ import torch
 
 from lightning_putm.data.datamodule import FewShotDataModule, LoaderOptions, LoaderSettings, resolve_loader
 from lightning_putm.errors import ConfigError
-from lightning_putm.jobs.train import (build_datamodule, build_module, load_train_config, precision_hint,
-                                       run_train_backbone, settings_from_config)
+from lightning_putm.jobs.train import run_train_backbone
 from lightning_putm.models import Mixup, build_backbone
-from lightning_putm.pretrain import S2M2Module, load_module, resolve_channels_last
+from lightning_putm.pretraining.checkpoints import load_module
+from lightning_putm.pretraining.module import S2M2Module, resolve_channels_last
+from lightning_putm.pretraining.settings import load_train_config, settings_from_config
+from lightning_putm.pretraining.stages import build_datamodule, build_module, precision_hint
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("single_thread")

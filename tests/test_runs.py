@@ -26,11 +26,11 @@ import torch
 
 from conftest import REPO_ROOT
 from helpers.cli import run_in_process, run_script
-from lightning_putm.checkpoints import read_checkpoint
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.settings import load_evaluate_config
 from lightning_putm.jobs.evaluate import run_evaluate
 from lightning_putm.jobs.train import run_train_backbone
+from lightning_putm.pretraining.checkpoints import read_checkpoint
 from lightning_putm.runs import RUN_DIR_ENV
 from test_datasets import make_omniglot
 

@@ -18,7 +18,8 @@ import yaml
 from helpers.cli import REPO
 from lightning_putm.errors import ConfigError
 from lightning_putm.jobs.evaluate import run_evaluate
-from lightning_putm.jobs.study import point_key, read_sweep, run_study
+from lightning_putm.jobs.study import run_study
+from lightning_putm.studies.sweep import point_key, read_sweep
 
 GRID = {
     "program": "evaluate.py", "name": "mini", "method": "grid",
@@ -149,7 +150,7 @@ def test_command_line_arguments_reach_every_run_as_typed(tmp_path):
     sweep = read_sweep(sweep_file(tmp_path, spec), ["checkpoint=null", "alphas=[1,2]"])
     assert sweep.extra == ("checkpoint=null", "alphas=[1,2]")
     assert "checkpoint" not in sweep.fixed and "alphas" not in sweep.swept
-    from lightning_putm.jobs.study import Study
+    from lightning_putm.studies.study import Study
 
     args = Study(sweep, tmp_path / "s").arguments({"method.putm.rho": 0.0}, tmp_path / "s" / "runs" / "x")
     assert "checkpoint=null" in args and "alphas=[1,2]" in args and not any(a.startswith("checkpoint=$") for a in args)
@@ -158,7 +159,8 @@ def test_command_line_arguments_reach_every_run_as_typed(tmp_path):
 def test_study_option_and_sweep_method_typos_suggest_the_fix(tmp_path):
     """Kills: a misspelt --option or sweep `method` answered with the full list only (the fix is not read first)."""
     from lightning_putm.errors import ConfigError
-    from lightning_putm.jobs.study import parse_options, read_sweep
+    from lightning_putm.studies.study import parse_options
+    from lightning_putm.studies.sweep import read_sweep
 
     with pytest.raises(ConfigError, match=r"unknown option --storag; did you mean --storage\? options: --storage"):
         parse_options(["--storag", "sqlite:///x.db"])

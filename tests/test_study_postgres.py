@@ -24,7 +24,9 @@ from helpers.cli import REPO
 from helpers.postgres import fresh_database, throwaway_server, unavailable
 from lightning_putm.errors import ConfigError
 from lightning_putm.jobs.evaluate import run_evaluate
-from lightning_putm.jobs.study import Study, point_key, read_sweep, run_study, storage_url
+from lightning_putm.jobs.study import run_study
+from lightning_putm.studies.study import Study, storage_url
+from lightning_putm.studies.sweep import point_key, read_sweep
 from test_study import GRID, read_csv, sweep_file
 
 POINTS = [{"method.putm.rho": r, "alphas": a} for r in (0.0, 1.0) for a in (2, "balanced")]

@@ -1,4 +1,4 @@
-"""The study summary (lightning_putm.evaluation.study_summary): every point's metric with its 95% CI, computed as
+"""The study summary (lightning_putm.studies.summary): every point's metric with its 95% CI, computed as
 documented and checked against hand computations; SimpleShot as a baseline in table and figure when the runs
 evaluated it, a note saying how to add it when they did not; a legend naming exactly what the figure draws."""
 
@@ -10,17 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from lightning_putm.evaluation.study_summary import (
-    BASELINE_COLUMN,
-    BASELINE_GID,
-    METRIC_GID,
-    RANGE_GID,
-    StudyRow,
-    study_figure,
-    with_intervals,
-    write_study_summary,
-)
-from lightning_putm.evaluation.plots import legend_labels
+from lightning_putm.evaluation.plot_style import legend_labels
+from lightning_putm.studies.summary import BASELINE_COLUMN, StudyRow, with_intervals
+from lightning_putm.studies.summary_report import BASELINE_GID, METRIC_GID, RANGE_GID, study_figure, write_study_summary
 
 MEAN = {"method": "putm", "shots": None, "alpha": None, "gainer": None, "other": None}
 ONE_SETTING = {**MEAN, "shots": "1", "alpha": "2"}

@@ -81,7 +81,7 @@ def test_worst_gain_over_simpleshot_is_the_smallest_margin_over_shared_settings(
 
 
 def test_a_study_can_select_on_the_worst_gain(tmp_path: Path):
-    from lightning_putm.jobs.study import metric_value, read_sweep
+    from lightning_putm.studies.sweep import metric_value, read_sweep
 
     summaries = [Summary("putm", 1, 2.0, 60.0, 1.0), Summary("simpleshot", 1, 2.0, 62.0, 1.0),
                  Summary("putm", 1, None, 70.0, 1.0), Summary("simpleshot", 1, None, 65.0, 1.0)]

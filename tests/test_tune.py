@@ -70,7 +70,7 @@ class Row:
 
 
 def test_ties_are_listed_and_prefer_chooses_among_them():
-    from lightning_putm.jobs.tune import select_best
+    from lightning_putm.studies.tune import select_best
 
     rows = [Row(1, -1.5), Row(2, 0.1467), Row(5, 0.1467), Row(10, 0.1433), Row(20, 0.1333)]
     best, tied = select_best(rows, "maximize")

@@ -32,11 +32,12 @@ import torch
 from conftest import make_clustered_features
 from helpers.cli import FAST_EVAL, FAST_TRAIN, REPO, run_in_process
 from helpers.ledger import Ledger, isolated_working_folder, module_figures
-from lightning_putm.checkpoints import AtomicCheckpointIO, read_checkpoint
 from lightning_putm.errors import LightningPutmError
-from lightning_putm.extraction import FeatureCache, FeatureCacheKey
-from lightning_putm.features import FORMAT_NAME, load_features, save_features
-from lightning_putm.pretrain import S2M2Module, init_from_checkpoint, load_backbone, load_module
+from lightning_putm.features.cache import FeatureCache, FeatureCacheKey
+from lightning_putm.features.files import FORMAT_NAME, load_features, save_features
+from lightning_putm.pretraining.checkpoints import (AtomicCheckpointIO, init_from_checkpoint, load_backbone,
+                                                    load_module, read_checkpoint)
+from lightning_putm.pretraining.module import S2M2Module
 
 LEDGER = Ledger("untrusted files", verb="refused")
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -247,7 +248,7 @@ UNSAFE_CALLS = {
     "yaml.unsafe_load", "yaml.full_load", "torch.jit.load", "numpy.lib.format.read_array",
 }
 #: (file, function) pairs allowed to call an unsafe loader, each behind a check the scan verifies.
-ALLOWED = {("lightning_putm/features.py", "_load_pickle_features"): "pickle.load"}
+ALLOWED = {("lightning_putm/features/files.py", "_load_pickle_features"): "pickle.load"}
 #: (file, class) pairs allowed to subclass an unpickler: restricted unpicklers whose ``find_class`` admits only data
 #: (CIFAR-100's own pickles: numpy arrays). The scan checks that ``find_class`` is overridden.
 RESTRICTED_UNPICKLERS = {("lightning_putm/data/cifarfs.py", "ArrayOnlyUnpickler")}
@@ -394,7 +395,7 @@ def _load_pickle_features(path, allow_pickle):
 class Sneaky(pickle.Unpickler):
     pass
 '''
-    found = unsafe_loads(bad, "lightning_putm/features.py")
+    found = unsafe_loads(bad, "lightning_putm/features/files.py")
     assert len(found) == 14, "\n".join(found)
     unrestricted = "import pickle\nclass ArrayOnlyUnpickler(pickle.Unpickler):\n    pass\n"
     assert len(unsafe_loads(unrestricted, "lightning_putm/data/cifarfs.py")) == 1  # allowed name, no find_class
@@ -415,7 +416,7 @@ def g(path, trainer, model):
     trainer.fit(model, ckpt_path=None)
     pickle.dumps(1)
 '''
-    assert unsafe_loads(good, "lightning_putm/features.py") == []
+    assert unsafe_loads(good, "lightning_putm/features/files.py") == []
 
 
 # ------------------------------------------------------------------------------------------- runtime guard

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from lightning_putm.features import FeatureSet
+from lightning_putm.features.files import FeatureSet
 
 
 def digits_feature_set(classes: list[int] | None = None) -> FeatureSet:

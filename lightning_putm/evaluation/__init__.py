@@ -6,10 +6,11 @@ Modules, each importing only those above it in this list:
 * :mod:`~lightning_putm.evaluation.records` — typed result records (:class:`Summary`) and run provenance;
 * :mod:`~lightning_putm.evaluation.sources` — the features: demo, feature file or checkpoint (+ CL2N base mean);
 * :mod:`~lightning_putm.evaluation.runner` — every method on the same seeded bank per (shot, α);
-* :mod:`~lightning_putm.evaluation.plots` and :mod:`~lightning_putm.evaluation.report` — figures, table, CSVs, W&B.
+* :mod:`~lightning_putm.evaluation.plots` and :mod:`~lightning_putm.evaluation.report` — figures, table, CSVs, W&B;
+* :mod:`~lightning_putm.evaluation.callback` — the Lightning side: the PUTM test-time callback that runs all of
+  the above at the end of a test (or validation) epoch. Only the jobs and a training stage build it.
 
-The Lightning side (the test-time callback and the ``evaluate.py`` job) lives in :mod:`lightning_putm.callbacks`
-and :mod:`lightning_putm.jobs.evaluate`.
+The ``evaluate.py`` job itself is :mod:`lightning_putm.jobs.evaluate`.
 """
 
 from lightning_putm.evaluation.records import Provenance, Summary

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from lightning_putm.atomic import atomic_write_dict_csv, atomic_write_text
-from lightning_putm.evaluation import plots
-from lightning_putm.evaluation.records import PROVENANCE_COLUMNS, SUMMARY_COLUMNS, Provenance, Summary
+from lightning_putm.evaluation import plot_style, plots
+from lightning_putm.evaluation.records import PROVENANCE_COLUMNS, Provenance, SUMMARY_COLUMNS, Summary
 from lightning_putm.evaluation.runner import SettingResult
 from lightning_putm.evaluation.settings import EvaluationSettings
-from lightning_putm.features import FeatureSet
+from lightning_putm.features.files import FeatureSet
 from lightning_putm.methods import build_method
 from lightning_putm.metrics import task_accuracy
 
@@ -158,18 +158,18 @@ def putm_case_study(results: Sequence[SettingResult], feature_set: FeatureSet, s
 
 def make_plots(results: Sequence[SettingResult], feature_set: FeatureSet, settings: EvaluationSettings, folder: Path, task: int = 0,
                log: Callable[[str], None] = print) -> dict[str, Path]:
-    """Write the figures into ``folder`` (each as PNG and PDF, see ``plots.DEFAULT_FORMATS``); returns
+    """Write the figures into ``folder`` (each as PNG and PDF, see ``plot_style.DEFAULT_FORMATS``); returns
     ``{name: PNG path, name_pdf: PDF path}``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    dataset = plots.dataset_label(feature_set.metadata.get("source"))  # every figure names its features
+    dataset = plot_style.dataset_label(feature_set.metadata.get("source"))  # every figure names its features
     figures = {"accuracy_vs_alpha": plots.plot_accuracy_vs_alpha(
         [r.summary() for r in results], folder / "accuracy_vs_alpha.png", dataset=dataset, ways=settings.ways,
         queries=settings.queries)}
     case = putm_case_study(results, feature_set, settings, task)
     if case is not None:
         where = f"{case['shots']}-shot alpha={case['alpha']} task {case['task']}"
-        typeset = plots.task_caption(case["shots"], case["alpha"], case["task"], dataset, settings.ways,
+        typeset = plot_style.task_caption(case["shots"], case["alpha"], case["task"], dataset, settings.ways,
                                      settings.queries)
         figures["putm_query_counts"] = plots.plot_query_counts(
             case["true_counts"], case["estimated_counts"], folder / "putm_query_counts.png",
@@ -183,7 +183,7 @@ def make_plots(results: Sequence[SettingResult], feature_set: FeatureSet, settin
         log(f"PUTM case study ({where}): true query counts {case['true_counts']}, estimated [{estimate}]")
     # every file of each figure (the PDF next to the PNG), so a re-run's stale-file cleanup keeps them
     for name, png in list(figures.items()):
-        for extra in plots.figure_paths(png)[1:]:
+        for extra in plot_style.figure_paths(png)[1:]:
             figures[f"{name}_{extra.suffix.lstrip('.')}"] = extra
     return figures
 

@@ -16,12 +16,12 @@ import torch
 from tqdm.auto import tqdm
 
 from lightning_putm.data.episodes import EpisodeBank, sample_episode_bank
-from lightning_putm.evaluation.records import Summary
 from lightning_putm.evaluation.progress import Eta, on_terminal
+from lightning_putm.evaluation.records import Summary
 from lightning_putm.evaluation.settings import EvaluationSettings
 from lightning_putm.evaluation.sources import load_base_statistics
 from lightning_putm.evaluation.store import SettingStore, tensor_digest
-from lightning_putm.features import FeatureSet
+from lightning_putm.features.files import FeatureSet
 from lightning_putm.methods import build_method, method_uses_class_prior
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
 from lightning_putm.validators import alpha_label

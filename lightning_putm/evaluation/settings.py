@@ -17,13 +17,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_putm.config import (apply_overrides, apply_trainer_overrides, conf_dir, group_options, load_group,
-                                   load_saved_config,
-                                   load_yaml, peel_override, resolve_override_value, split_override,
+                                   load_saved_config, load_yaml, peel_override, resolve_override_value, split_override,
                                    split_trainer_overrides, to_container)
-from lightning_putm.checkpoints import read_checkpoint
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.loggers import LOGGERS
 from lightning_putm.methods import available_methods, build_method, method_uses_base_mean
+from lightning_putm.pretraining.checkpoints import read_checkpoint
 from lightning_putm.runs import run_name
 from lightning_putm.validators import (as_list, choice, did_you_mean, flag, integer, is_number, memory_budget,
                                        parse_alpha)

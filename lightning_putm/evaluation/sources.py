@@ -1,9 +1,9 @@
 """Where the evaluated features come from: the built-in demo, a feature file, or a backbone checkpoint.
 
 With ``checkpoint=`` the backbone's features of ``data``'s split are extracted in the test loop of
-``Trainer.test`` (:class:`~lightning_putm.feature_modules.BackboneFeatures`) and cached by content
-(:mod:`lightning_putm.extraction`); a cache hit, a feature file or the demo is replayed through the same loop
-(:class:`~lightning_putm.feature_modules.FeatureRows`). CL2N's base-class mean (SimpleShot, Wang et al. 2019)
+``Trainer.test`` (:class:`~lightning_putm.features.extraction.BackboneFeatures`) and cached by content
+(:mod:`lightning_putm.features.cache`); a cache hit, a feature file or the demo is replayed through the same loop
+(:class:`~lightning_putm.features.extraction.FeatureRows`). CL2N's base-class mean (SimpleShot, Wang et al. 2019)
 is read from ``base_features``: a feature file, or a split extracted with the checkpoint.
 """
 
@@ -25,11 +25,12 @@ from lightning_putm.data.transforms import eval_transform
 from lightning_putm.errors import FeatureError
 from lightning_putm.evaluation.progress import extraction_bar
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, EvaluationSettings
-from lightning_putm.extraction import FeatureCache, FeatureCacheKey, file_sha256, load_checkpoint_backbone
-from lightning_putm.feature_modules import BackboneFeatures, FeatureCollector, FeatureRows, FeatureRowsDataModule
-from lightning_putm.features import FeatureSet, load_features
+from lightning_putm.features.cache import FeatureCache, FeatureCacheKey, file_sha256
+from lightning_putm.features.extraction import BackboneFeatures, FeatureCollector, FeatureRows, FeatureRowsDataModule
+from lightning_putm.features.files import FeatureSet, load_features
 from lightning_putm.methods import method_uses_base_covariance, method_uses_base_mean
 from lightning_putm.methods.bavardage import base_within_class_scatter
+from lightning_putm.pretraining.checkpoints import load_checkpoint_backbone
 from lightning_putm.validators import integer, mapping, positive
 
 def load_feature_source(settings: EvaluationSettings) -> FeatureSet:

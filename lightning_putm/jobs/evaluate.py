@@ -19,13 +19,12 @@ from typing import Any, Callable, Iterator, Sequence
 from omegaconf import DictConfig
 from pytorch_lightning.utilities import rank_zero_only
 
-from lightning_putm.callbacks import FewShotEvaluationCallback
 from lightning_putm.config import build_trainer, changed_keys, command_line_value, to_container, to_yaml
 from lightning_putm.errors import ConfigError
+from lightning_putm.evaluation.callback import FewShotEvaluationCallback
 from lightning_putm.evaluation.progress import extraction_bar
 from lightning_putm.evaluation.runner import SettingResult
-from lightning_putm.evaluation.settings import (RUN_ROOT, EvaluationSettings, load_evaluate_config,
-                                                settings_from_config)
+from lightning_putm.evaluation.settings import EvaluationSettings, RUN_ROOT, load_evaluate_config, settings_from_config
 from lightning_putm.evaluation.sources import build_feature_source
 from lightning_putm.loggers import build_logger, console, finish_logger
 from lightning_putm.runs import run_dir

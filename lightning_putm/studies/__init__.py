@@ -1,10 +1,15 @@
-"""Studies: analyses of finished runs that the docs use (``python -m lightning_putm <command>``).
+"""Studies: sweeps run as Optuna studies, tuning on validation classes, and the analyses the docs use.
 
-``compare_presets``, ``combine_tunes``, ``sensitivity_figure`` and ``navigator_confidence`` read the output
-folders of ``evaluate.py`` and ``tune`` (or a feature file) and print tables and draw figures; ``reference``
-imports someone else's code from a local checkout for the side-by-side benchmarks. This wing will also receive
-the study and tune jobs (today ``jobs/study.py`` and ``jobs/tune.py``) later.
+* :mod:`.sweep` — a sweep file read into points, and the metric names a study optimises;
+* :mod:`.study` — :class:`~.study.Study`: the points as trials in an Optuna storage (SQLite or PostgreSQL),
+  resumable and shareable between processes; each trial is one ``evaluate.py`` run given to it by the job;
+* :mod:`.summary` and :mod:`.summary_report` — the summary table (paired 95% CIs, SimpleShot baseline), its files and figure;
+* :mod:`.tune` — the tune job's selection rule and its test-classes report;
+* ``compare_presets``, ``combine_tunes``, ``sensitivity_figure``, ``navigator_confidence`` — analyses of finished
+  runs behind ``python -m lightning_putm <command>``; ``reference`` imports someone else's code from a local
+  checkout for the side-by-side benchmarks.
 
-Layer: at the level of the jobs. It may import ``evaluation``, ``methods``, ``data``, ``config`` and the tune
-job's selection rule; nothing below it imports it.
+Layer: below the jobs, above evaluation. It may import ``evaluation``, ``methods``, ``data`` and the core; only
+the jobs and ``python -m lightning_putm`` import it, and it imports no job (the study job hands
+:meth:`~.study.Study.run` the function that runs one evaluation).
 """

@@ -16,7 +16,7 @@ import argparse
 import csv
 from pathlib import Path
 
-from lightning_putm.jobs.tune import select_best
+from lightning_putm.studies.tune import select_best
 
 
 class Row:

@@ -27,7 +27,7 @@ import torch
 from lightning_putm.config import conf_dir
 from lightning_putm.data.digits import digits_feature_set
 from lightning_putm.data.episodes import sample_episode_bank
-from lightning_putm.features import FeatureSet, load_features
+from lightning_putm.features.files import FeatureSet, load_features
 from lightning_putm.methods.putm import PUTM
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 

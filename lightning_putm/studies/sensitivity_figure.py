@@ -26,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from lightning_putm.atomic import atomic_savefig
-from lightning_putm.studies.compare_presets import read_results  # results.csv of a run folder
+from lightning_putm.studies.compare_presets import read_results
 
 PARAMETERS = ("beta", "rho", "inertia")
 LABELS = {"beta": "β (power transform)", "rho": "ρ (CT balance)", "inertia": "inertia a"}

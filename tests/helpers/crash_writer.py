@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from lightning_putm.checkpoints import AtomicCheckpointIO
-from lightning_putm.extraction import FeatureCache, FeatureCacheKey
-from lightning_putm.features import FeatureSet, save_features
+from lightning_putm.features.cache import FeatureCache, FeatureCacheKey
+from lightning_putm.features.files import FeatureSet, save_features
+from lightning_putm.pretraining.checkpoints import AtomicCheckpointIO
 
 CACHE_KEY = FeatureCacheKey(checkpoint_sha256="ab" * 32, dataset="digits", root="", options="{}", split="test",
                             transform="crash-test")

@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-import lightning_putm.checkpoints as checkpoints
+import lightning_putm.pretraining.checkpoints as checkpoints
 from helpers.cli import script_main
 from lightning_putm.cli import run_cli
-from lightning_putm.pretrain import S2M2Module
+from lightning_putm.pretraining.module import S2M2Module
 
 POINTS = ("in-write", "before-fsync", "before-rename", "after-rename", "after-save", "mid-epoch", "in-test")
 

@@ -30,8 +30,8 @@ from lightning_putm.evaluation.report import (format_table, log_to_loggers, make
 from lightning_putm.evaluation.runner import SettingResult, evaluate_features, shard_range
 from lightning_putm.evaluation.settings import EvaluationSettings
 from lightning_putm.evaluation.store import SettingStore
-from lightning_putm.extraction import FeatureCache
-from lightning_putm.feature_modules import FeatureCollector
+from lightning_putm.features.cache import FeatureCache
+from lightning_putm.features.extraction import FeatureCollector
 from lightning_putm.runs import remove_stale
 
 #: What an evaluation writes into its folder (a re-run into the same folder removes what it did not rewrite).

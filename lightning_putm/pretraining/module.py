@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import random
 import warnings
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -33,10 +32,9 @@ import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 
-from lightning_putm.checkpoints import read_checkpoint
 from lightning_putm.data.episodes import EpisodeBank, bank_seed
-from lightning_putm.errors import ConfigError, DataError
-from lightning_putm.feature_table import scatter_rows
+from lightning_putm.errors import ConfigError
+from lightning_putm.features.table import scatter_rows
 from lightning_putm.metrics import mean_and_ci95
 from lightning_putm.models import Backbone, CosineClassifier, Mixup, RotationHead, build_backbone, rotate_batch
 from lightning_putm.validators import choice
@@ -305,80 +303,3 @@ class S2M2Module(pl.LightningModule):
         mean, ci = mean_and_ci95(accuracies)
         self.log(f"{split}/acc", 100.0 * mean, prog_bar=True, sync_dist=True)
         self.log(f"{split}/ci95", 100.0 * ci, sync_dist=True)
-
-
-# --------------------------------------------------------------------------------------------- loading
-def load_module(path: str | Path, **overrides: Any) -> S2M2Module:
-    """Rebuild the module stored in a checkpoint (safe load), optionally changing hyper-parameters.
-
-    Every problem with the file is a :class:`DataError` naming it: unreadable or unsafe (see
-    :func:`read_checkpoint`), no or unusable hyper-parameters, or weights that do not fit them.
-    """
-    checkpoint = read_checkpoint(path)
-    hparams = checkpoint.get("hyper_parameters") or {}
-    if not isinstance(hparams, dict) or "backbone" not in hparams:
-        raise DataError(f"{path} has no S2M2Module hyper-parameters; pass a checkpoint written by train_backbone.py")
-    hparams = {**hparams, **overrides}
-    try:
-        module = S2M2Module(**hparams)
-    except (TypeError, ValueError, KeyError, RuntimeError) as exc:  # includes ConfigError (a ValueError)
-        raise DataError(f"{path}: cannot rebuild the model from its hyper-parameters ({exc}); pass a checkpoint "
-                        "written by train_backbone.py") from exc
-    try:
-        module.load_state_dict(checkpoint["state_dict"])
-    except (RuntimeError, TypeError, AttributeError) as exc:  # missing/unexpected keys, shape mismatch, not tensors
-        first = " ".join(str(exc).strip().splitlines()[:2])[:300]
-        raise DataError(f"{path}: its weights do not match the backbone it records ({first}); the file was edited "
-                        "or comes from another backbone — use a checkpoint written by train_backbone.py") from exc
-    return module
-
-
-def load_backbone(path: str | Path) -> Backbone:
-    """The pretrained backbone of a checkpoint, in eval mode (for feature extraction)."""
-    return load_module(path).backbone.eval()
-
-
-def _matching_state(module: S2M2Module, checkpoint: dict[str, Any], path: str | Path, action: str,
-                    strict: bool = False) -> dict[str, torch.Tensor]:
-    """The checkpoint's weights for ``module``, or a :class:`DataError` when they do not fit it."""
-    state = checkpoint["state_dict"]
-    if not isinstance(state, dict):
-        raise DataError(f"cannot {action} {path}: its state_dict is not a mapping of tensors; "
-                        "use a checkpoint written by train_backbone.py")
-    own = module.state_dict()
-    mismatched = [k for k in own if k in state and (not isinstance(state[k], torch.Tensor)
-                                                   or state[k].shape != own[k].shape)]
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own] if strict else []
-    if mismatched or missing or unexpected:
-        detail = (f"shape differs for {mismatched[:3]}" if mismatched else
-                  f"missing {missing[:3]}" if missing else f"unexpected {unexpected[:3]}")
-        raise DataError(f"cannot {action} {path}: it does not match this backbone/dataset ({detail}); "
-                        "use a checkpoint of the same backbone, options and training classes")
-    return {k: state[k] for k in own}
-
-
-def init_from_checkpoint(module: S2M2Module, path: str | Path) -> None:
-    """Start ``module`` from the weights of another stage's checkpoint (e.g. stage 2 from stage 1)."""
-    module.load_state_dict(_matching_state(module, read_checkpoint(path), path, "start from"))
-
-
-RESUME_KEYS = ("epoch", "global_step", "state_dict", "optimizer_states", "loops")
-
-
-def check_resume_checkpoint(module: S2M2Module, path: str | Path) -> None:
-    """Check (safely) that Lightning can resume ``module`` from ``path`` before handing it to ``Trainer.fit``.
-
-    A corrupt, unsafe or foreign ``last.ckpt`` (or one written with other backbone options) would otherwise
-    surface as a raw traceback from deep inside Lightning.
-    """
-    checkpoint = read_checkpoint(path)
-    missing = [k for k in RESUME_KEYS if k not in checkpoint]
-    advice = "delete it to start this stage over, or run without resume=true"
-    if missing:
-        raise DataError(f"cannot resume from {path}: it is not a training checkpoint (no {', '.join(missing)}); "
-                        f"{advice}")
-    try:
-        _matching_state(module, checkpoint, path, "resume from", strict=True)
-    except DataError as exc:
-        raise DataError(f"{exc}; or {advice}") from exc

@@ -2,7 +2,7 @@
 
 ``Trainer.test`` drives evaluation, so device placement, progress bars, loggers and distributed sharding are
 Lightning's. The test loop's only job is to produce the features of the evaluated split; the
-:class:`~lightning_putm.callbacks.FewShotEvaluationCallback` collects them and runs the few-shot methods.
+:class:`~lightning_putm.evaluation.callback.FewShotEvaluationCallback` collects them and runs the few-shot methods.
 
 * :class:`BackboneFeatures`: images → features of a pretrained backbone (eval mode, no gradients).
 * :class:`FeatureRows` with :class:`FeatureRowsDataModule`: replays an existing feature set (a feature file,
@@ -21,8 +21,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_putm.errors import FeatureError
-from lightning_putm.feature_table import scatter_rows
-from lightning_putm.features import FeatureSet
+from lightning_putm.features.files import FeatureSet
+from lightning_putm.features.table import scatter_rows
 from lightning_putm.models import Backbone
 
 

@@ -18,11 +18,9 @@ import json
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
-from lightning_putm.errors import DataError, FeatureError
-from lightning_putm.features import FeatureSet, load_features, save_features
-from lightning_putm.models import Backbone
+from lightning_putm.errors import FeatureError
+from lightning_putm.features.files import FeatureSet, load_features, save_features
 
 CACHE_FORMAT = 1
 
@@ -77,41 +75,3 @@ class FeatureCache:
         """Write atomically, recording the key in the metadata."""
         feature_set.metadata["cache_key"] = asdict(self.key)
         return save_features(feature_set, self.path)
-
-
-# ------------------------------------------------------------------------------------------- checkpoints
-def load_checkpoint_backbone(path: str | Path, in_channels: int | None = None,
-                             expected_backbone: str | None = None) -> tuple[Backbone, dict[str, Any]]:
-    """The backbone of a ``train_backbone.py`` checkpoint (safe load, eval mode) and its hyper-parameters.
-
-    Errors name the problem: missing or corrupt file, a file that is not one of our checkpoints, weights that
-    do not fit the recorded architecture, or a backbone/channel count that differs from what is asked for.
-    """
-    from lightning_putm.pretrain import load_module  # heavy import: Lightning module and models
-
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"checkpoint not found: {path}; pass checkpoint=PATH to a .ckpt written by "
-                        "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
-    try:
-        module = load_module(path)
-    except DataError:
-        raise
-    except RuntimeError as exc:  # load_state_dict: missing/unexpected keys or shape mismatch
-        first = str(exc).strip().splitlines()
-        raise DataError(f"{path}: its weights do not match the backbone it records ({' '.join(first[:2])[:300]}); "
-                        "the file was edited or comes from another backbone — use a checkpoint written by "
-                        "train_backbone.py") from exc
-    except (TypeError, ValueError, KeyError) as exc:
-        raise DataError(f"{path}: cannot rebuild the model from its hyper-parameters ({exc}); pass a checkpoint "
-                        "written by train_backbone.py") from exc
-    hparams = dict(module.hparams)
-    backbone_name = str(hparams.get("backbone"))
-    if expected_backbone not in (None, "auto") and expected_backbone != backbone_name:
-        raise DataError(f"{path} holds a {backbone_name} backbone but backbone={expected_backbone} was asked for; "
-                        f"use a {expected_backbone} checkpoint or backbone=auto")
-    channels = int(hparams.get("in_channels", 3))
-    if in_channels is not None and channels != in_channels:
-        raise DataError(f"{path} was trained on {channels}-channel images but the dataset has {in_channels} "
-                        "channel(s); evaluate it on the kind of data it was trained on (check data=)")
-    return module.backbone.eval(), hparams

@@ -29,14 +29,11 @@ import torch
 from PIL import Image
 from torchvision.transforms import v2
 
-from lightning_putm.atomic import atomic_write_csv
 from lightning_putm.config import group_options, load_group, to_container
 from lightning_putm.data.imagesplit import decode_image
 from lightning_putm.data.registry import dataset_info
 from lightning_putm.data.transforms import eval_transform
 from lightning_putm.errors import ConfigError, DataError
-from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.tasks import TaskBatch
 
 #: Files with these extensions (any case) are images; everything else in the folders is ignored with a notice.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -249,62 +246,6 @@ def extract_features(backbone: torch.nn.Module, paths: Sequence[Path], reader: C
 
 
 # ---------------------------------------------------------------------------------------------- prediction
-def predict_task(method: FewShotMethod, support: torch.Tensor, support_labels: torch.Tensor, query: torch.Tensor,
-                 ways: int, seed: int = 0) -> torch.Tensor:
-    """Query probabilities ``[Q, N]`` of one task (support ``[S, d]`` with labels in ``0..N-1``, query ``[Q, d]``).
-
-    Methods take support rows with any number per class: prototypes are one-hot-weighted class means
-    (:func:`~lightning_putm.tasks.weighted_class_means`), so unequal shots need no special case.
-    """
-    tasks = TaskBatch(support.unsqueeze(0), support_labels.unsqueeze(0).long(), query.unsqueeze(0), int(ways),
-                      torch.tensor([int(seed)], dtype=torch.long))
-    return method.predict(tasks)[0].detach().float().cpu()
-
-
-def estimated_counts(probabilities: torch.Tensor) -> torch.Tensor:
-    """Expected number of queries per class ``[N]``: the column sums of the ``[Q, N]`` probabilities (for PUTM,
-    of its forward navigator π_f)."""
-    return probabilities.double().sum(0)
 
 
 # ---------------------------------------------------------------------------------------------------- CSV
-def write_csv_atomic(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
-    """A CSV file (``\\n`` line ends, UTF-8) written atomically: never half-written."""
-    return atomic_write_csv(path, header, rows, lineterminator="\n")
-
-
-def probability_columns(class_names: Sequence[str]) -> list[str]:
-    return [f"prob_{name}" for name in class_names]
-
-
-def write_predictions(path: Path, images: PredictionImages, probabilities: torch.Tensor) -> Path:
-    """``file, predicted_class, probability, prob_<class>…``: one row per query, in file order."""
-    best, predicted = probabilities.max(dim=1)
-    rows = [[name, images.class_names[int(k)], f"{float(p):.6f}", *(f"{float(v):.6f}" for v in row)]
-            for name, k, p, row in zip(images.query_names(), predicted, best, probabilities)]
-    header = ["file", "predicted_class", "probability", *probability_columns(images.class_names)]
-    return write_csv_atomic(path, header, rows)
-
-
-def count_rows(images: PredictionImages, probabilities: torch.Tensor) -> list[list[Any]]:
-    """Per class: support images, estimated queries (probability sums) and queries predicted (argmax counts)."""
-    estimated = estimated_counts(probabilities)
-    predicted = torch.bincount(probabilities.argmax(1), minlength=images.ways)
-    return [[name, shots, f"{float(e):.3f}", int(p)]
-            for name, shots, e, p in zip(images.class_names, images.shots(), estimated, predicted)]
-
-
-COUNT_HEADER = ["class", "support_images", "estimated_queries", "predicted_queries"]
-
-
-def write_counts(path: Path, images: PredictionImages, probabilities: torch.Tensor) -> Path:
-    return write_csv_atomic(path, COUNT_HEADER, count_rows(images, probabilities))
-
-
-def summary_table(images: PredictionImages, probabilities: torch.Tensor) -> str:
-    """The counts as an aligned text table (for the console)."""
-    rows = [[str(v) for v in row] for row in count_rows(images, probabilities)]
-    table = [COUNT_HEADER] + rows
-    widths = [max(len(r[i]) for r in table) for i in range(len(COUNT_HEADER))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in table]
-    return "\n".join(lines)

@@ -41,8 +41,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from lightning_putm.atomic import atomic_savefig, atomic_write_text
-from lightning_putm.evaluation.report import write_csv
 
 #: The baseline drawn next to every study's metric when the runs evaluated it.
 BASELINE = "simpleshot"
@@ -208,13 +206,13 @@ def summary_rows(rows: Sequence[StudyRow], metric: str) -> list[dict[str, Any]]:
     accuracy ± CI, then the run folder."""
     out = []
     for row in rows:
-        record: dict[str, Any] = {**{k: _text(v) for k, v in row.point.items()}, metric: f"{row.metric:.4f}"}
+        record: dict[str, Any] = {**{k: cell_text(v) for k, v in row.point.items()}, metric: f"{row.metric:.4f}"}
         interval, base = row.interval, row.baseline
         record[ci_column(metric)] = _number(interval.ci95 if interval else None)
         record["ci95_method"] = interval.described if interval else "no per-setting records"
         record[BASELINE_COLUMN] = _number(base.value if base else None)
         record[f"{BASELINE_COLUMN}_ci95"] = _number(base.ci95 if base else None)
-        record["tasks"] = _text(interval.tasks if interval and interval.tasks else _tasks(row))
+        record["tasks"] = cell_text(interval.tasks if interval and interval.tasks else _tasks(row))
         for s in row.settings:
             record[f"{s['method']}/{s['shots']}shot/alpha_{s['alpha']}"] = f"{s['accuracy']:.2f} ± {s['ci95']:.2f}"
         record["output_dir"] = row.output_dir
@@ -229,7 +227,7 @@ def markdown_table(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequ
     header = [*swept, f"{metric} (± 95% CI)"] + ([f"{BASELINE_NAME} (± 95% CI)"] if with_baseline else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in ordered:
-        cells = [*(_text(row.point.get(k)) for k in swept), _plus_minus(row.metric, row.ci95)]
+        cells = [*(cell_text(row.point.get(k)) for k in swept), _plus_minus(row.metric, row.ci95)]
         if with_baseline:
             cells.append(_plus_minus(row.baseline.value, row.baseline.ci95) if row.baseline else "not evaluated")
         lines.append("| " + " | ".join(cells) + " |")
@@ -240,9 +238,9 @@ def summary_notes(rows: Sequence[StudyRow], parts: Mapping[str, str | None] | No
                   ) -> list[str]:
     """The summary's notes: tasks per setting, how the CIs were obtained, the baseline (or why there is none)."""
     notes = []
-    tasks = sorted({t for t in (_row_tasks(r) for r in rows) if t})
+    tasks = sorted({t for t in (row_tasks(r) for r in rows) if t})
     if tasks:
-        notes.append(f"{_range(tasks)} tasks per (method, shot, α) setting; differences smaller than the CIs "
+        notes.append(f"{range_text(tasks)} tasks per (method, shot, α) setting; differences smaller than the CIs "
                      "are not resolved at this number of tasks.")
     hows = sorted({r.interval.how for r in rows if r.interval is not None})
     if hows:
@@ -267,189 +265,22 @@ def summary_notes(rows: Sequence[StudyRow], parts: Mapping[str, str | None] | No
     return notes
 
 
-def write_study_summary(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence[str], folder: Path,
-                        title: str, parts: Mapping[str, str | None] | None = None) -> dict[str, Path]:
-    """``summary.csv``, ``summary.md`` and the figure (PDF + 300-DPI PNG) in ``folder``, each written atomically.
-
-    ``parts``: the named groups of the metric pattern (``method``, ``shots``, ``alpha``, ``gainer``, ``other``);
-    they say what SimpleShot's baseline is. Rows should carry their intervals (:func:`with_intervals`)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    records = summary_rows(rows, metric)
-    columns = list(dict.fromkeys(k for r in records for k in r))
-    paths = {"csv": write_csv(folder / "summary.csv", records, columns or [*swept, metric, ci_column(metric)])}
-    text = f"# Study {title}\n\n{len(rows)} finished run(s); metric `{metric}` ({goal}), mean ± 95% CI.\n\n"
-    if rows:
-        text += markdown_table(rows, metric, goal, swept) + "\n" + "".join(
-            f"- {note}\n" for note in summary_notes(rows, parts, swept))
-    else:
-        text += "No run has finished yet.\n"
-    paths["markdown"] = atomic_write_text(folder / "summary.md", text)
-    if rows:
-        paths.update(plot_study(rows, metric, goal, swept, folder, title, parts))
-    return paths
-
-
-# --------------------------------------------------------------------------------------------- figure
-
-
-#: Legend order of the summary figure's entries (labels are built from the metric's method; see study_figure).
-METRIC_GID, BASELINE_GID, RANGE_GID, BEST_GID = "metric", "baseline", "range", "best"
-
-
-def study_figure(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence[str], title: str,
-                 parts: Mapping[str, str | None] | None = None):
-    """Build (without saving) the summary figure: one panel per swept parameter, the metric ± 95% CI per value,
-    SimpleShot as a dashed line with its CI band, the best run starred; one legend of exactly what is drawn.
-
-    Every drawn artist that the legend names carries a gid (:data:`METRIC_GID`, ...), so tests can match the
-    legend against what was drawn.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from lightning_putm.evaluation.plots import paper_style
-
-    best = (max if goal == "maximize" else min)(rows, key=lambda r: r.metric)
-    name = _metric_name(metric, parts)
-    margin = parts is not None and margin_over_baseline(parts)
-    entries: dict[str, Any] = {}  # legend label -> handle, first drawn first
-    with paper_style():
-        figure = Figure(figsize=(max(2.4 * len(swept) + 0.4, 3.4), 2.7), layout="constrained")
-        FigureCanvasAgg(figure)
-        axes = figure.subplots(1, len(swept), squeeze=False)[0]
-        for ax, parameter in zip(axes, swept):
-            groups: dict[str, list[StudyRow]] = defaultdict(list)
-            for row in rows:
-                groups[_text(row.point.get(parameter))].append(row)
-            labels = _ordered(groups)
-            x = list(range(len(labels)))
-            means = [_mean([r.metric for r in groups[k]]) for k in labels]
-            cis = [_mean_ci([r.ci95 for r in groups[k]]) for k in labels]
-            if all(c is not None for c in cis):
-                label = f"{name} ± 95% CI"
-                handle = ax.errorbar(x, means, yerr=cis, fmt="o-", color="#0072B2", ms=3.5, lw=1.1, capsize=2.5,
-                                     elinewidth=0.8, zorder=3, label=label)
-                handle.lines[0].set_gid(METRIC_GID)
-            else:  # some runs have no per-setting records: no bar rather than a bar of unknown meaning
-                label = f"{name} (no CI: runs without per-setting records)"
-                (handle,) = ax.plot(x, means, "o-", color="#0072B2", ms=3.5, lw=1.1, zorder=3, label=label,
-                                    gid=METRIC_GID)
-            entries.setdefault(label, handle)
-            drawn = _draw_baseline(ax, x, [groups[k] for k in labels], margin)
-            if drawn is not None:
-                entries.setdefault(*drawn)
-            spread = [k for k in labels if len(groups[k]) > 1]
-            if spread:  # the points that share this value differ in the other swept parameters
-                label = "range over the other swept values"
-                handle = ax.vlines([labels.index(k) - 0.12 for k in spread],
-                                   [min(r.metric for r in groups[k]) for k in spread],
-                                   [max(r.metric for r in groups[k]) for k in spread], colors="#7fb8da", linewidth=3,
-                                   zorder=1, label=label, gid=RANGE_GID)
-                entries.setdefault(label, handle)
-            if _text(best.point.get(parameter)) in labels:
-                (handle,) = ax.plot(labels.index(_text(best.point.get(parameter))), best.metric, marker="*", ms=9,
-                                    color="#D55E00", ls="none", zorder=4, label="best run", gid=BEST_GID)
-                entries.setdefault("best run", handle)
-            ax.set_xticks(x, labels, rotation=30 if max(len(s) for s in labels) > 4 else 0)
-            ax.set_xlabel(parameter.split(".")[-1])
-            ax.grid(axis="y", alpha=0.3, lw=0.5)
-        axes[0].set_ylabel(_axis_label(metric, name))
-        figure.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=min(4, len(entries)))
-        tasks = sorted({t for t in (_row_tasks(r) for r in rows) if t})
-        detail = f"{len(rows)} runs" + (f", {_range(tasks)} tasks per setting" if tasks else "")
-        how = "points: mean over the other swept values; " if len(swept) > 1 else ""
-        figure.suptitle(f"{title} ({detail})\n{how}bars: 95% CI")
-    return figure
-
-
-def plot_study(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence[str], folder: Path,
-               title: str, parts: Mapping[str, str | None] | None = None) -> dict[str, Path]:
-    """Write :func:`study_figure` as ``summary.pdf`` and a 300-DPI ``summary.png``, each atomically."""
-    figure = study_figure(rows, metric, goal, swept, title, parts)
-    paths = {}
-    for suffix, options in (("pdf", {"metadata": {"CreationDate": None}}), ("png", {"dpi": 300})):
-        paths[f"figure_{suffix}"] = atomic_savefig(figure, folder / f"summary.{suffix}", bbox_inches="tight", **options)
-    return paths
-
-
-def _draw_baseline(ax: Any, x: list[int], groups: list[list[StudyRow]], margin: bool) -> tuple[str, Any] | None:
-    """SimpleShot: a dashed line with its CI band (flat across the panel when it does not change), or the zero
-    line when the metric is a margin over SimpleShot; nothing when the runs did not evaluate it. Returns the
-    legend label and handle of what was drawn."""
-    colour = "0.35"
-    if margin:
-        label = f"{BASELINE_NAME} (zero margin)"
-        return label, ax.axhline(0.0, color=colour, ls="--", lw=0.9, zorder=2, label=label, gid=BASELINE_GID)
-    known = []
-    for i, group in zip(x, groups):
-        values = [r.baseline for r in group if r.baseline is not None]
-        if values:
-            known.append((i, _mean([b.value for b in values]), _mean_ci([b.ci95 for b in values])))
-    if not known:
-        return None
-    with_ci = all(c is not None for _, _, c in known)
-    label = f"{BASELINE_NAME} ± 95% CI" if with_ci else BASELINE_NAME
-    if max(v for _, v, _ in known) - min(v for _, v, _ in known) < 1e-9:  # the same everywhere (same tasks)
-        value, ci = known[0][1], known[0][2]
-        line = ax.axhline(value, color=colour, ls="--", lw=0.9, zorder=2, label=label, gid=BASELINE_GID)
-        band = ax.axhspan(value - ci, value + ci, color=colour, alpha=0.15, lw=0, zorder=0) if with_ci else None
-    else:
-        xs = [i for i, _, _ in known]
-        (line,) = ax.plot(xs, [v for _, v, _ in known], color=colour, ls="--", lw=0.9, marker="_", zorder=2,
-                          label=label, gid=BASELINE_GID)
-        band = ax.fill_between(xs, [v - c for _, v, c in known], [v + c for _, v, c in known], color=colour,
-                               alpha=0.15, lw=0, zorder=0) if with_ci else None
-    if band is not None:
-        band.set_gid(f"{BASELINE_GID}-band")
-    return label, line if band is None else (band, line)
-
-
-def _metric_name(metric: str, parts: Mapping[str, str | None] | None) -> str:
-    """The metric as the legend names it: ``PUTM``, or ``PUTM − SimpleShot (worst)`` for a margin."""
-    from lightning_putm.methods import method_display_name
-
-    if parts is None:
-        return metric
-    if parts.get("gainer"):
-        return f"{method_display_name(str(parts['gainer']))} − {method_display_name(str(parts['other']))} (worst)"
-    return method_display_name(str(parts["method"])) if parts.get("method") else metric
-
-
-def _axis_label(metric: str, name: str) -> str:
-    if "worst_gain_over_" in metric:
-        return "worst margin (points)"
-    setting = metric.split("/")[2:-1]  # [<k>shot, alpha_<a>] for one setting's accuracy
-    where = " " + " ".join(setting).replace("alpha_", "α=") if setting else ""
-    return f"{name}{where} accuracy (%)" if name != metric else "accuracy (%)"
-
-
-def _ordered(groups: Mapping[str, Any]) -> list[str]:
-    """Numbers in numeric order, then the rest (e.g. ``balanced``) in their order of appearance."""
-    def number(text: str) -> float | None:
-        try:
-            return float(text)
-        except ValueError:
-            return None
-    numeric = sorted((k for k in groups if number(k) is not None), key=lambda k: number(k))
-    return numeric + [k for k in groups if number(k) is None]
-
-
 def _key(setting: Mapping[str, Any]) -> tuple[str, str, str]:
     return str(setting["method"]), str(setting["shots"]), str(setting["alpha"])
 
 
-def _mean(values: Sequence[float]) -> float | None:
+def mean_or_none(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _mean_ci(values: Sequence[float | None]) -> float | None:
+def mean_ci_or_none(values: Sequence[float | None]) -> float | None:
     """The mean of the points' CIs (an upper bound for the CI of their mean); ``None`` if one is unknown."""
     if not values or any(v is None for v in values):
         return None
     return sum(values) / len(values)  # type: ignore[arg-type]
 
 
-def _row_tasks(row: StudyRow) -> int | None:
+def row_tasks(row: StudyRow) -> int | None:
     return row.interval.tasks if row.interval is not None and row.interval.tasks else _tasks(row)
 
 
@@ -459,7 +290,7 @@ def _tasks(row: StudyRow) -> int | None:
     return counts.pop() if len(counts) == 1 else None
 
 
-def _range(values: Sequence[int]) -> str:
+def range_text(values: Sequence[int]) -> str:
     return str(values[0]) if len(values) == 1 else f"{values[0]}–{values[-1]}"
 
 
@@ -471,5 +302,5 @@ def _number(value: float | None) -> str:
     return "" if value is None else f"{value:.4f}"
 
 
-def _text(value: Any) -> str:
+def cell_text(value: Any) -> str:
     return "" if value is None else str(value)

@@ -1,0 +1,132 @@
+"""The ``evaluate.py predict`` job: a checkpoint, labelled support folders and query images → predictions CSV.
+
+Order matters for trust: the config, the method's settings, the output paths, both folders, the checkpoint and
+every image are checked before anything is written. Only then are the base-class features for CL2N extracted
+(and cached, as ``evaluate.py`` does), the task solved and the two CSV files written. No logger, no run folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from omegaconf import DictConfig
+
+from lightning_putm.config import (apply_overrides, conf_dir, group_options, load_group, load_yaml, peel_override,
+                                   to_container)
+from lightning_putm.errors import ConfigError
+from lightning_putm.evaluation.settings import (BASE_SPLIT_PREFIX, apply_presets, check_method_params, method_arguments,
+                                                resolve_device)
+from lightning_putm.help import format_rows, help_width, paragraph, rows, usage, yaml_comments
+from lightning_putm.methods import available_methods, build_method
+from lightning_putm.prediction.images import PredictionImages
+from lightning_putm.validators import did_you_mean, integer, memory_budget
+
+REQUIRED = {"checkpoint": "a .ckpt written by train_backbone.py", "support": "a folder with one sub-folder per class",
+            "query": "a folder of unlabelled images"}
+
+
+@dataclass
+class PredictSettings:
+    """Validated values of ``conf/predict.yaml``."""
+
+    checkpoint: Path
+    support: Path
+    query: Path
+    method: str
+    method_params: dict[str, Any]
+    output: Path
+    counts_output: Path
+    base_features: str | None  # "auto", "split:<name>", a feature file, or None (L2N)
+    data_root: str | None
+    feature_cache_dir: Path
+    batch_size: int
+    seed: int
+    device: torch.device
+    memory_budget_mb: float | str  # MB, or "auto" (free device memory on CUDA)
+
+
+@dataclass
+class PredictResult:
+    """What one prediction produced (also returned to callers such as tests)."""
+
+    images: PredictionImages
+    probabilities: torch.Tensor  # [Q, N]
+    counts: torch.Tensor  # [N] estimated queries per class
+    output: Path
+    counts_output: Path
+    normalisation: str  # CL2N (with what) or L2N, for methods that use a base mean; "" for the others
+
+
+def load_predict_config(overrides: Sequence[str]) -> tuple[DictConfig, str]:
+    """``conf/predict.yaml`` with every method's settings under ``method.<name>`` plus overrides (unknown keys are
+    errors); ``method=<name>`` picks the method. Returns the config and the method's name."""
+    chosen, overrides = peel_override(list(overrides), "method")
+    cfg = load_yaml(conf_dir() / "predict.yaml")
+    name = str(cfg.method) if chosen is None else chosen
+    if name not in available_methods():
+        raise ConfigError(f"unknown method {name!r}; {did_you_mean(name, available_methods())}available methods: "
+                         f"{', '.join(available_methods())}")
+    cfg.method = {n: load_group("method", n) for n in group_options("method")}
+    cfg, overrides = apply_presets(cfg, overrides)
+    return apply_overrides(cfg, overrides), name
+
+
+def _required_path(cfg: DictConfig, key: str) -> Path:
+    value = cfg[key]
+    if value is None or str(value).strip() in ("", "None", "null"):
+        raise ConfigError(f"`{key}` is required: pass {key}=<path> ({REQUIRED[key]})")
+    return Path(str(value)).expanduser()
+
+
+def _output_path(value: Any, key: str) -> Path:
+    if value is None or not str(value).strip():
+        raise ConfigError(f"`{key}` must be a file path, e.g. {key}=predictions.csv")
+    path = Path(str(value)).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"`{key}`={path} is a folder; give a file path, e.g. {key}={path / 'predictions.csv'}")
+    parent = next((p for p in [path.parent, *path.parent.parents] if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise ConfigError(f"`{key}`={path}: {parent} is a file, so the folder cannot be created")
+    return path
+
+
+def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
+    """Validate the merged config; every problem is a :class:`ConfigError` naming the key."""
+    checkpoint, support, query = (_required_path(cfg, k) for k in ("checkpoint", "support", "query"))
+    check_method_params(cfg, [method])
+    params = method_arguments(to_container(cfg.method[method]))
+    build_method(method, params, shots=1, balanced=False)  # a bad method.<name>.* value fails now
+    output = _output_path(cfg.output, "output")
+    counts_output = output.with_name(f"{output.stem}_counts.csv") if cfg.counts_output in (None, "") else \
+        _output_path(cfg.counts_output, "counts_output")
+    if counts_output.resolve() == output.resolve():
+        raise ConfigError(f"`counts_output` and `output` are the same file ({output}); give two names")
+    base = cfg.base_features
+    base = None if base in (None, "", "null") else str(base)
+    if base is not None and base != "auto" and not base.startswith(BASE_SPLIT_PREFIX) and not Path(base).is_file():
+        raise ConfigError(f"base_features: file not found: {base}; give auto, split:train, a feature file of the base "
+                          "classes from the same backbone, or null")
+    return PredictSettings(
+        checkpoint=checkpoint, support=support, query=query, method=method, method_params=params, output=output,
+        counts_output=counts_output, base_features=base,
+        data_root=None if cfg.data_root in (None, "") else str(cfg.data_root),
+        feature_cache_dir=Path(str(cfg.feature_cache_dir)), batch_size=integer(cfg.batch_size, "batch_size", 1),
+        seed=integer(cfg.seed, "seed", 0), device=resolve_device(str(cfg.device)),
+        memory_budget_mb=memory_budget(cfg.memory_budget_mb),
+    )
+
+
+def predict_help(summary: str) -> str:
+    """``evaluate.py predict --help``: every key of ``conf/predict.yaml`` with type, default and meaning."""
+    path = conf_dir() / "predict.yaml"
+    width = help_width()
+    table = rows(load_yaml(path), yaml_comments(path), "", skip=())  # `method` is a name here, not the group
+    return "\n".join([paragraph(summary, width), "",
+                      usage([("python evaluate.py predict checkpoint=<ckpt> support=<folder> query=<folder> "
+                              "[key=value ...]", "")], width),
+                      "", "Keys of conf/predict.yaml (key, type, default, meaning):", format_rows(table, width), "",
+                      paragraph("method.<name>.<key>=value sets a method's settings as in evaluate.py (python "
+                                "evaluate.py --help lists them).", width)])

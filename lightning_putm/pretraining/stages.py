@@ -1,0 +1,169 @@
+"""One S2M2 stage's parts: its datamodule, module, logger and Trainer (atomic checkpoints, best/last callbacks,
+the in-training few-shot validation), the run folder, and what a stopped stage tells the user."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pytorch_lightning as pl
+from omegaconf import DictConfig
+
+from lightning_putm.config import build_trainer
+from lightning_putm.data.datamodule import FewShotDataModule
+from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.evaluation.callback import FewShotEvaluationCallback
+from lightning_putm.evaluation.progress import on_terminal
+from lightning_putm.loggers import build_logger
+from lightning_putm.pretraining.checkpoints import AtomicCheckpointIO, BestCheckpoint
+from lightning_putm.pretraining.module import S2M2Module
+from lightning_putm.pretraining.progress import EpochLines, StageProgressBar
+from lightning_putm.pretraining.settings import TrainSettings
+from lightning_putm.runs import LATEST, latest_run, point_latest, run_dir
+from lightning_putm.signals import Terminated
+from lightning_putm.validators import integer, mapping, positive
+
+
+def build_datamodule(cfg: DictConfig, settings: TrainSettings) -> FewShotDataModule:
+    data = cfg.data
+    return FewShotDataModule(
+        settings.dataset,
+        root=data.root,
+        image_size=positive(data.image_size, "data.image_size", integer=True),
+        batch_size=positive(data.batch_size, "data.batch_size", integer=True),
+        eval_batch_size=positive(data.eval_batch_size, "data.eval_batch_size", integer=True),
+        num_workers=integer(data.num_workers, "data.num_workers", 0),
+        augment=mapping(data.augment, "data.augment"),
+        normalize=mapping(data.normalize, "data.normalize") or None,
+        eval_resize=float(positive(data.eval_resize, "data.eval_resize")),
+        options=mapping(data.options, "data.options"),
+        val_episodes=settings.val_episodes,
+        test_episodes=settings.test_episodes,
+        seed=settings.seed,
+        loader=settings.loader,
+        download=data.get("download", False),
+    )
+
+
+def build_stage_logger(settings: TrainSettings, stage: str, config: dict[str, Any],
+                       log: Callable[[str], None] = print) -> Any:
+    """The stage's logger: CSV in ``log_dir/<dataset>/<backbone>/<run>/<stage>`` (a resume appends to it), W&B
+    (offline works without a key; the stages of a run share a group, ``job_type`` names the stage) or none."""
+    assert settings.run_folder is not None
+    run = settings.run_folder.name
+    group = f"{settings.dataset}-{settings.backbone}-{run}"
+    return build_logger(settings.logger, settings.log_dir, settings.wandb, f"{group}-{stage}", log,
+                        csv_name=f"{settings.dataset}/{settings.backbone}/{run}", csv_version=stage,
+                        job_type=f"train-{stage}", group=group, config=config)
+
+
+def build_stage_trainer(settings: TrainSettings, stage: str, has_val: bool, logger: Any,
+                        say: Callable[[str], None] = print) -> pl.Trainer:
+    """A Trainer with ``trainer.*`` options, atomic checkpoint IO and the best/last checkpoint callbacks.
+
+    Two callbacks: Lightning (2.6) refreshes ``save_last`` only in steps where a top-k checkpoint was written,
+    which would leave ``last.ckpt`` stale once validation accuracy stops improving. ``best`` comes first so the
+    ``last.ckpt`` written after it carries the updated best score for resuming. ``last.ckpt`` is written at the end
+    of every training epoch whatever the validation schedule (``check_val_every_n_epoch``, ``val_check_interval``),
+    so it always holds a finished epoch to resume from. ``best`` skips epochs without ``val/acc`` (see
+    :class:`BestCheckpoint`).
+    """
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    folder = str(settings.stage_dir(stage))
+    callbacks: list[pl.Callback] = []
+    if has_val:
+        callbacks.append(BestCheckpoint(dirpath=folder, filename="best", monitor="val/acc", mode="max", save_top_k=1,
+                                        auto_insert_metric_name=False, enable_version_counter=False))
+    callbacks.append(ModelCheckpoint(dirpath=folder, filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
+                                     save_on_train_epoch_end=True, enable_version_counter=False))
+    extra: dict[str, Any] = {}
+    if settings.trainer.get("enable_progress_bar", True) not in (False, 0):
+        if "enable_progress_bar" in settings.trainer or on_terminal():
+            callbacks.append(StageProgressBar(stage))
+        else:  # piped or logged to a file: plain lines, not a bar's redraws
+            callbacks.append(EpochLines(stage, say))
+            extra["enable_progress_bar"] = False
+    if settings.fewshot_every is not None and has_val:
+        fewshot = replace(settings.fewshot_eval, output_dir=settings.fewshot_eval.output_dir / stage)
+        callbacks.append(FewShotEvaluationCallback(fewshot, every_n_val_epochs=settings.fewshot_every, plots=False,
+                                                   run_at_test=False))
+    return build_trainer(settings.trainer, max_epochs=settings.epochs[stage], logger=logger, callbacks=callbacks,
+                         plugins=[AtomicCheckpointIO()], enable_checkpointing=True, **extra)
+
+
+@dataclass
+class StageResult:
+    stage: str
+    last: Path
+    best: Path
+    best_score: float | None
+    seconds: float
+
+
+def resolve_run_folder(settings: TrainSettings) -> contextlib.AbstractContextManager[Path]:
+    """The run's folder: ``resume=true`` continues ``run`` (default: the latest run), ``run=<name>`` reuses that
+    folder, otherwise a new ``<date>_<time>`` folder; ``latest`` points at the folder in use."""
+    root = settings.runs_root()
+    first = settings.stages[0]
+    if settings.resume:
+        folder = root / settings.run if settings.run else latest_run(root)
+        if folder is None or not (folder / first / "last.ckpt").is_file():
+            where = folder / first / "last.ckpt" if folder is not None else root / LATEST
+            raise DataError(f"resume=true but there is no {where} to resume from; run without resume=true (or check "
+                            "checkpoint_dir, run, data and backbone)")
+        return contextlib.nullcontext(folder)
+    if settings.run:
+        folder = root / settings.run
+        folder.mkdir(parents=True, exist_ok=True)
+        point_latest(root, folder)
+        return contextlib.nullcontext(folder)
+    return run_dir(root, "", flat=True)
+
+
+def stopped_by(trainer: pl.Trainer, exit_: SystemExit) -> str:
+    """``SIGTERM`` or ``Ctrl-C``: what ended the Trainer call that exited with ``exit_``.
+
+    Lightning turns a KeyboardInterrupt into ``exit(1)`` (the interrupt is the exit's context); its own SIGTERM
+    handler, where ours is not installed, raises a ``SystemExit`` subclass and sets ``received_sigterm``.
+    """
+    sigterm = isinstance(exit_.__context__, Terminated) or bool(getattr(trainer, "received_sigterm", False))
+    return "SIGTERM" if sigterm else "Ctrl-C"
+
+
+def interruption_message(stage: str, last: Path, folder: Path, how: str, restart_from: Path | None) -> str:
+    """What a stopped training tells the user: which signal (``how``), which stage, and how to continue."""
+    if last.is_file():
+        return (f"training stopped in stage {stage} ({how}); {last} holds the last finished epoch: continue with "
+                f"resume=true run={folder.name}")
+    if restart_from is not None:
+        return (f"training stopped in stage {stage} ({how}) before its first epoch finished; resume=true "
+                f"run={folder.name} starts it again from {restart_from}")
+    return (f"training stopped in stage {stage} ({how}) before its first epoch finished: there is no checkpoint to "
+            "resume from; run the command again without resume=true")
+
+
+def precision_hint(device_type: str, precision: str) -> str | None:
+    """A one-line recommendation when a GPU trains in full fp32 (the default, kept for exact CPU results)."""
+    if device_type == "cuda" and precision in ("32-true", "32"):
+        return ("tip: training on CUDA in fp32; trainer.precision=bf16-mixed is faster on Ampere or newer GPUs "
+                "(16-mixed on older ones); see docs/gpu.md")
+    return None
+
+
+def build_module(settings: TrainSettings, in_channels: int, num_classes: int, index: int,
+                 data_config: dict[str, Any]) -> S2M2Module:
+    """The S2M2 module of stage ``index``; a backbone option it cannot use is a :class:`ConfigError`."""
+    try:
+        return S2M2Module(backbone=settings.backbone, backbone_options=settings.backbone_options,
+                          in_channels=in_channels, num_classes=num_classes, stage=settings.stages[index],
+                          seed=settings.seed + index, data_config=data_config, **settings.module_args)
+    except (TypeError, ValueError, RuntimeError) as exc:  # e.g. backbone.width=abc or -3
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"cannot build the {settings.backbone} backbone with options {settings.backbone_options} "
+                          f"({type(exc).__name__}: {exc}); check the backbone.<key> values against "
+                          f"conf/backbone/{settings.backbone}.yaml") from exc
