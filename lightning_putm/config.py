@@ -4,7 +4,7 @@ Strict by design: an unknown key is an error that lists the valid keys at that l
 ignored, so a typo in a sweep cannot quietly run the default; the close matches come first (``taks`` → "did you
 mean tasks?"), and a key that lives elsewhere is found there (``rho`` → ``method.putm.rho``).
 ``trainer.<arg>=value`` overrides are checked against the signature of ``pytorch_lightning.Trainer`` and against
-the arguments a job sets itself.
+the arguments a job sets itself. A job parses its arguments once (:class:`Overrides`), before it opens any file.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import inspect
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -81,13 +82,86 @@ def parse_value(key: str, raw: str) -> Any:
                           "quote it or fix the brackets, e.g. shots=[1,5]") from exc
 
 
-def apply_overrides(cfg: DictConfig, overrides: Iterable[str]) -> DictConfig:
+@dataclass(frozen=True)
+class Override:
+    """One ``key=value`` argument, parsed once: the dotted key, the value as typed, and its YAML value."""
+
+    key: str
+    raw: str  # as typed: presets and recorded command lines keep the user's spelling
+    value: Any  # YAML-parsed (``[1,5]`` → list, ``0.5`` → float); ``${...}`` is kept for the config to resolve
+
+    @property
+    def text(self) -> str:
+        return f"{self.key}={self.raw}"
+
+
+class Overrides(Sequence[Override]):
+    """A command line's ``key=value`` arguments, parsed in one pass before any file is opened.
+
+    Every argument is split and its value YAML-parsed here, so a malformed argument is an error before a config,
+    checkpoint or run folder is touched; the jobs then take what they need by key (:meth:`pop` for the selectors
+    ``config=``, ``data=``, ``backbone=``, ``method=``; :meth:`partition` for ``trainer.*`` and presets) and merge
+    the rest with :func:`apply_overrides`. Order is the command line's: the last of a repeated key wins.
+    """
+
+    def __init__(self, items: Iterable[Override] = ()) -> None:
+        self._items = tuple(items)
+
+    @classmethod
+    def parse(cls, arguments: Iterable[str | Override]) -> Overrides:
+        """Parse ``key=value`` strings (an :class:`Overrides` is returned as it is)."""
+        if isinstance(arguments, Overrides):
+            return arguments
+        items = []
+        for argument in arguments:
+            if isinstance(argument, Override):
+                items.append(argument)
+                continue
+            key, raw = split_override(argument)
+            items.append(Override(key, raw, parse_value(key, raw)))
+        return cls(items)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._items[index]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __add__(self, other: Iterable[Override]) -> Overrides:
+        return Overrides((*self._items, *Overrides.parse(other)))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Overrides) and self._items == other._items
+
+    __hash__ = None  # type: ignore[assignment]  # values may be lists
+
+    def __repr__(self) -> str:
+        return f"Overrides({[o.text for o in self._items]!r})"
+
+    def last(self, key: str) -> Override | None:
+        """The last ``key=...`` given, or ``None``."""
+        return next((o for o in reversed(self._items) if o.key == key), None)
+
+    def pop(self, key: str) -> tuple[str | None, Overrides]:
+        """``(value of the last key=..., as a string, or None; the other overrides)``."""
+        chosen = self.last(key)
+        return (None if chosen is None else str(chosen.value)), Overrides(o for o in self._items if o.key != key)
+
+    def partition(self, belongs: Callable[[Override], bool]) -> tuple[Overrides, Overrides]:
+        """``(the overrides for which belongs(o) holds, the rest)``, each in command-line order."""
+        return Overrides(o for o in self._items if belongs(o)), Overrides(o for o in self._items if not belongs(o))
+
+    def texts(self) -> list[str]:
+        """The overrides as ``key=value`` strings, as typed (for a recorded command line)."""
+        return [o.text for o in self._items]
+
+
+def apply_overrides(cfg: DictConfig, overrides: Iterable[str | Override]) -> DictConfig:
     """Merge ``key=value`` overrides into ``cfg``; unknown keys raise :class:`ConfigError`."""
     cfg = cfg.copy()
-    for text in overrides:
-        key, raw = split_override(text)
+    for override in Overrides.parse(overrides):
+        key, value = override.key, override.value
         _check_key(cfg, key)
-        value = parse_value(key, raw)
         current = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
         if isinstance(current, DictConfig) and not isinstance(value, dict):
             keys = ", ".join(sorted(str(k) for k in current.keys())) or "(none)"
@@ -114,11 +188,12 @@ def check_resolvable(cfg: DictConfig) -> None:
                           "an existing key and must not refer to itself") from exc
 
 
-def resolve_override_value(key: str, raw: str) -> Any:
-    """The value of one ``key=value`` override with its ``${...}`` resolved (e.g. ``checkpoint=${oc.env:CKPT}``),
-    for the few keys read before the config is assembled; a bad interpolation is :func:`check_resolvable`'s error."""
+def resolve_override_value(override: Override) -> Any:
+    """The value of one override with its ``${...}`` resolved (e.g. ``checkpoint=${oc.env:CKPT}``), for the few
+    keys read before the config is assembled; a bad interpolation is :func:`check_resolvable`'s error."""
     holder = OmegaConf.create({})
-    OmegaConf.update(holder, key, parse_value(key, raw), merge=False)
+    key = override.key
+    OmegaConf.update(holder, key, override.value, merge=False)
     check_resolvable(holder)
     return OmegaConf.select(holder, key)
 
@@ -174,22 +249,9 @@ def to_yaml(cfg: DictConfig) -> str:
     return OmegaConf.to_yaml(cfg, resolve=True)
 
 
-def peel_override(overrides: list[str], key: str) -> tuple[str | None, list[str]]:
-    """Remove every ``key=value`` from ``overrides``; return the last value (or None) and the rest."""
-    value, rest = None, []
-    for text in overrides:
-        name, raw = split_override(text)
-        if name == key:
-            value = str(parse_value(name, raw))
-        else:
-            rest.append(text)
-    return value, rest
-
-
-def split_trainer_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
-    """``(trainer.* overrides, the rest)``."""
-    trainer = [o for o in overrides if split_override(o)[0].startswith("trainer.")]
-    return trainer, [o for o in overrides if o not in trainer]
+def is_trainer_override(override: Override) -> bool:
+    """``trainer.<arg>=value``: an argument of ``pytorch_lightning.Trainer``."""
+    return override.key.startswith("trainer.")
 
 
 def trainer_arguments() -> set[str]:
@@ -199,11 +261,12 @@ def trainer_arguments() -> set[str]:
     return set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
 
 
-def apply_trainer_overrides(cfg: DictConfig, overrides: Sequence[str], reserved: dict[str, str], job: str) -> DictConfig:
+def apply_trainer_overrides(cfg: DictConfig, overrides: Iterable[str | Override], reserved: dict[str, str],
+                            job: str) -> DictConfig:
     """Set ``trainer.<arg>=value`` overrides, checked against ``pl.Trainer``'s signature and the job's own args."""
     valid = trainer_arguments()
-    for text in overrides:
-        key, raw = split_override(text)
+    for override in Overrides.parse(overrides):
+        key = override.key
         name = key.split(".", 1)[1]
         if name in reserved:
             raise ConfigError(f"{key} is set by {job} itself: {reserved[name]}")
@@ -211,7 +274,7 @@ def apply_trainer_overrides(cfg: DictConfig, overrides: Sequence[str], reserved:
             allowed = valid - set(reserved)
             raise ConfigError(f"unknown Trainer argument {key!r}; {did_you_mean(name, allowed, 'trainer.')}valid "
                               f"trainer.<name>: {', '.join(sorted(allowed))}")
-        OmegaConf.update(cfg, key, parse_value(key, raw), merge=False, force_add=True)
+        OmegaConf.update(cfg, key, override.value, merge=False, force_add=True)
     check_resolvable(cfg)
     for name in ("devices", "num_nodes"):  # Lightning builds a list of that many devices: 10**9 exhausts memory
         count = OmegaConf.select(cfg, f"trainer.{name}")

@@ -167,3 +167,13 @@ def test_the_top_level_is_the_core() -> None:
     top = sorted(p.stem for p in PACKAGE_ROOT.glob("*.py"))
     assert top == ["__init__", "__main__", "atomic", "cli", "config", "errors", "help", "loggers", "metrics", "runs",
                    "signals", "tasks", "validators"], top
+
+
+#: A module a newcomer can read in one sitting; past this, it holds more than one concept (split it).
+MAX_MODULE_LINES = 450
+
+
+def test_no_module_is_longer_than_a_newcomer_reads_in_one_sitting() -> None:
+    long = sorted(f"{path.relative_to(PACKAGE_ROOT.parent)} ({count} lines)" for path in PACKAGE_ROOT.rglob("*.py")
+                  if (count := len(path.read_text().splitlines())) > MAX_MODULE_LINES)
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: " + ", ".join(long)

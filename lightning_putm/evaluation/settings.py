@@ -11,14 +11,14 @@ import copy
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_putm.config import (apply_overrides, apply_trainer_overrides, conf_dir, group_options, load_group,
-                                   load_saved_config, load_yaml, peel_override, resolve_override_value, split_override,
-                                   split_trainer_overrides, to_container)
+from lightning_putm.config import (Override, Overrides, apply_overrides, apply_trainer_overrides, conf_dir,
+                                   group_options, is_trainer_override, load_group, load_saved_config, load_yaml,
+                                   resolve_override_value, to_container)
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.loggers import LOGGERS
 from lightning_putm.methods import available_methods, build_method, method_uses_base_mean
@@ -92,29 +92,31 @@ class EvaluationSettings:
     verbose: bool = False
 
 
-def load_evaluate_config(overrides: Sequence[str] = ()) -> DictConfig:
+def load_evaluate_config(overrides: Iterable[str | Override] = ()) -> DictConfig:
     """``conf/evaluate.yaml`` with every ``conf/method/*.yaml`` under ``method.<name>``, the chosen
     ``conf/data/<name>.yaml`` under ``data`` (``data=<name>`` picks it), plus overrides; ``trainer.<arg>``
-    accepts any ``pytorch_lightning.Trainer`` argument except those evaluation sets itself."""
-    overrides = list(overrides)
-    saved_path, overrides = peel_override(overrides, "config")
-    data_name, overrides = peel_override(overrides, "data")
-    trainer_overrides, overrides = split_trainer_overrides(overrides)
+    accepts any ``pytorch_lightning.Trainer`` argument except those evaluation sets itself.
+
+    The arguments are parsed once, first (a malformed one fails before any file is read); then the selectors
+    (``config=``, ``data=``) and ``trainer.*`` are taken out, the YAML files composed with the checkpoint's
+    recorded data settings, and the rest merged."""
+    overrides = Overrides.parse(overrides)
+    saved_path, overrides = overrides.pop("config")
+    data_name, overrides = overrides.pop("data")
+    trainer_overrides, overrides = overrides.partition(is_trainer_override)
     cfg = load_yaml(conf_dir() / "evaluate.yaml")
     cfg.method = {name: load_group("method", name) for name in group_options("method")}
-    saved = None
     if saved_path is not None:  # re-run a recorded run: its config.yaml is the base, overrides still apply
         if not Path(saved_path).is_file():
             raise ConfigError(f"config={saved_path}: file not found; give the config.yaml saved in a run folder")
         saved = load_yaml(Path(saved_path))
         data_name = data_name or (str(saved.data.name) if "data" in saved and "name" in saved.data else None)
-        if "checkpoint" in saved and saved.checkpoint and not any(o.startswith("checkpoint=") for o in overrides):
-            overrides.insert(0, f"checkpoint={saved.checkpoint}")
-    recorded = checkpoint_data_config(overrides)
+        if "checkpoint" in saved and saved.checkpoint and overrides.last("checkpoint") is None:
+            overrides = Overrides([Override("checkpoint", str(saved.checkpoint), str(saved.checkpoint))]) + overrides
+    checkpoint = overrides.last("checkpoint")
+    recorded = None if checkpoint is None else checkpoint_data_config(resolve_override_value(checkpoint))
     name = data_name or (str(recorded["name"]) if recorded else str(cfg.data))
-    cfg.data = OmegaConf.merge({"name": name}, load_group("data", name))
-    if recorded and recorded.get("name") == name:  # the checkpoint's own data: its recorded settings by default
-        cfg.data = OmegaConf.merge(cfg.data, {k: v for k, v in recorded.items() if k in cfg.data})
+    cfg.data = data_config(name, recorded)
     if saved_path is not None:
         cfg = load_saved_config(saved_path, cfg)
         cfg.output_dir = "auto"  # a re-run gets its own folder (name output_dir=... to choose one)
@@ -128,12 +130,33 @@ def load_evaluate_config(overrides: Sequence[str] = ()) -> DictConfig:
     return apply_trainer_overrides(cfg, trainer_overrides, EVALUATION_TRAINER_ARGS, "evaluate.py")
 
 
+def data_config(name: str, recorded: dict[str, Any] | None = None) -> DictConfig:
+    """``data``: ``conf/data/<name>.yaml`` under its name, with the settings a checkpoint recorded (``recorded``)
+    when the checkpoint was trained on that same dataset — what its evaluation must use to see the same images."""
+    data = OmegaConf.merge({"name": name}, load_group("data", name))
+    if recorded and recorded.get("name") == name:
+        data = OmegaConf.merge(data, {k: v for k, v in recorded.items() if k in data})
+    return data
+
+
+def checkpoint_data(checkpoint: str | Path, root: str | None = None) -> DictConfig:
+    """The ``data`` settings to extract a split of the data ``checkpoint`` was trained on (as ``evaluate.py
+    checkpoint=...`` composes them), optionally read from another ``root``."""
+    recorded = checkpoint_data_config(str(checkpoint))
+    data = data_config(str(recorded["name"]) if recorded else str(load_yaml(conf_dir() / "evaluate.yaml").data),
+                       recorded)
+    if root is not None:
+        data.root = root
+    return data
+
+
 def preset_options(method: str) -> list[str]:
     """Named presets of a method: the YAML files in ``conf/method/presets/<method>/``."""
     return group_options(f"method/{PRESET_FOLDER}/{method}")
 
 
-def apply_presets(cfg: DictConfig, overrides: Sequence[str], defaults_too: bool = True) -> tuple[DictConfig, list[str]]:
+def apply_presets(cfg: DictConfig, overrides: Iterable[str | Override],
+                  defaults_too: bool = True) -> tuple[DictConfig, Overrides]:
     """Merge each method's preset (``method.<name>.preset=<preset>``) over its defaults.
 
     A preset is a named set of values (``conf/method/presets/<name>/<preset>.yaml``), applied before every other
@@ -143,15 +166,12 @@ def apply_presets(cfg: DictConfig, overrides: Sequence[str], defaults_too: bool 
     of a saved config, which holds its preset's values already) only presets named in ``overrides`` are, and they
     replace that method's saved values.
     """
-    chosen: dict[str, str] = {}
-    rest: list[str] = []
-    for text in overrides:
-        key, raw = split_override(text)
-        parts = key.split(".")
-        if len(parts) == 3 and parts[0] == "method" and parts[2] == PRESET_KEY:
-            chosen[parts[1]] = str(raw).strip()
-        else:
-            rest.append(text)
+    def names_preset(override: Override) -> bool:
+        parts = override.key.split(".")
+        return len(parts) == 3 and parts[0] == "method" and parts[2] == PRESET_KEY
+
+    presets, rest = Overrides.parse(overrides).partition(names_preset)
+    chosen = {o.key.split(".")[1]: o.raw.strip() for o in presets}
     for name, preset in chosen.items():
         if name not in cfg.method or PRESET_KEY not in cfg.method[name]:
             with_presets = [m for m in cfg.method if PRESET_KEY in cfg.method[m]]
@@ -184,14 +204,11 @@ def method_arguments(values: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k != PRESET_KEY}
 
 
-def checkpoint_data_config(overrides: Sequence[str]) -> dict[str, Any] | None:
-    """The ``data_config`` a ``checkpoint=`` override's file records (``None``: no checkpoint, an older checkpoint,
-    or a file that cannot be read — the feature source reports that one with its own clear error)."""
-    path = next((split_override(o)[1] for o in overrides if split_override(o)[0] == "checkpoint"), None)
-    if path is not None and "${" in path:  # e.g. checkpoint=${oc.env:PUTM_CHECKPOINT} in a sweep file
-        path = resolve_override_value("checkpoint", path)
-        path = None if path is None else str(path)
-    if path in (None, "", "null") or not Path(path).is_file():
+def checkpoint_data_config(path: Any) -> dict[str, Any] | None:
+    """The ``data_config`` the checkpoint at ``path`` records (``None``: no checkpoint, an older checkpoint, or a
+    file that cannot be read — the feature source reports that one with its own clear error)."""
+    path = None if path is None else str(path)
+    if path in (None, "", "null", "None") or not Path(path).is_file():
         return None
     file = Path(path)
     stat = file.stat()

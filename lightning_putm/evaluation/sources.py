@@ -10,7 +10,7 @@ is read from ``base_features``: a feature file, or a split extracted with the ch
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,6 +51,27 @@ class BaseStatistics:
     covariance: torch.Tensor | None = None  # [d, d]
 
 
+@dataclass(frozen=True)
+class Extraction:
+    """What extracting a split's features from a checkpoint needs besides the data: the checkpoint, the feature
+    cache, the backbone it should hold, the Trainer's accelerator and precision, and the console."""
+
+    checkpoint: Path
+    feature_cache_dir: Path
+    refresh_features: bool = False
+    backbone: str = "auto"  # the backbone the checkpoint must hold (auto: whatever it holds)
+    trainer: dict[str, Any] = field(default_factory=dict)  # its accelerator and precision are used
+    progress: bool = False
+    output_dir: Path | None = None  # the Trainer's root folder
+
+    @classmethod
+    def of(cls, settings: EvaluationSettings) -> Extraction:
+        """The extraction an ``evaluate.py checkpoint=...`` run does."""
+        assert settings.checkpoint is not None
+        return cls(settings.checkpoint, settings.feature_cache_dir, settings.refresh_features, settings.backbone,
+                   settings.trainer, settings.progress, settings.output_dir)
+
+
 def load_base_statistics(settings: EvaluationSettings, dim: int, log: Callable[[str], None] = print) -> BaseStatistics:
     """The statistics of ``base_features`` that the selected methods use, or none with one notice when it is not set."""
     if settings.base_features is None:
@@ -58,21 +79,26 @@ def load_base_statistics(settings: EvaluationSettings, dim: int, log: Callable[[
         if notice:
             log(notice)
         return BaseStatistics()
-    base = load_features(settings.base_features, allow_pickle=settings.allow_pickle)
-    base.check_finite(f"base features from {settings.base_features}")
+    covariance = any(method_uses_base_covariance(name) for name in settings.methods)
+    statistics, rows = read_base_statistics(settings.base_features, dim, covariance, settings.allow_pickle)
+    log(f"base-class mean for CL2N: {rows} rows of {settings.base_features}")
+    return statistics
+
+
+def read_base_statistics(path: str | Path, dim: int, covariance: bool,
+                         allow_pickle: bool = False) -> tuple[BaseStatistics, int]:
+    """The base-class mean of the feature file ``path`` (and, with ``covariance``, BAVARDAGE's within-class
+    scatter), checked against the evaluated features' dimension ``dim``; also the number of rows it holds."""
+    base = load_features(path, allow_pickle=allow_pickle)
+    base.check_finite(f"base features from {path}")
     if base.dim != dim:
-        raise FeatureError(
-            f"base_features {settings.base_features} has d={base.dim} but the evaluated features have d={dim}; "
-            "both must come from the same backbone"
-        )
+        raise FeatureError(f"base_features {path} has d={base.dim} but the evaluated features have d={dim}; "
+                           "both must come from the same backbone")
     if len(base) == 0:
-        raise FeatureError(f"base_features {settings.base_features} has no rows")
-    log(f"base-class mean for CL2N: {len(base)} rows of {settings.base_features}")
+        raise FeatureError(f"base_features {path} has no rows")
     mean = base.features.double().mean(0).float()
-    covariance = None
-    if any(method_uses_base_covariance(name) for name in settings.methods):
-        covariance = base_within_class_scatter(base.features, base.labels, mean)
-    return BaseStatistics(mean, covariance)
+    scatter = base_within_class_scatter(base.features, base.labels, mean) if covariance else None
+    return BaseStatistics(mean, scatter), len(base)
 
 
 def missing_base_notice(settings: EvaluationSettings) -> str:
@@ -113,11 +139,12 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
         raise FeatureError(f"checkpoint not found: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
                            "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
     split = settings.split
-    datamodule, images, key = checkpoint_split(cfg, file_sha256(checkpoint), split)  # hashed once per run
+    datamodule, images, key = checkpoint_split(cfg.data, file_sha256(checkpoint), split)  # hashed once per run
     if settings.base_features is not None and settings.base_features.startswith(BASE_SPLIT_PREFIX):
         # from here on base_features names the cached file, which load_base_statistics reads like any feature file
         base_split = settings.base_features[len(BASE_SPLIT_PREFIX):]
-        settings.base_features = str(base_split_features(cfg, settings, base_split, key.checkpoint_sha256, log))
+        settings.base_features = str(base_split_features(cfg.data, Extraction.of(settings), base_split,
+                                                         key.checkpoint_sha256, log))
     data = cfg.data
     cache = FeatureCache(settings.feature_cache_dir, key)
     images.metadata.update(source=f"{checkpoint} on {data.name}/{split}", checkpoint=str(checkpoint),
@@ -133,11 +160,10 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
     return BackboneFeatures(backbone), datamodule, cache
 
 
-def checkpoint_split(cfg: DictConfig, checkpoint_sha256: str,
+def checkpoint_split(data: DictConfig, checkpoint_sha256: str,
                      split: str) -> tuple[FewShotDataModule, ImageSplit, FeatureCacheKey]:
-    """The datamodule whose test loop yields ``split`` of ``cfg.data`` (images in order, with their row index),
+    """The datamodule whose test loop yields ``split`` of ``data`` (images in order, with their row index),
     the split itself, and the feature-cache key of (checkpoint content, dataset, split, eval transform)."""
-    data = cfg.data
 
     class SplitDataModule(FewShotDataModule):
         """The dataset's ``split`` as the test loop."""
@@ -165,28 +191,28 @@ def checkpoint_split(cfg: DictConfig, checkpoint_sha256: str,
     return datamodule, images, key
 
 
-def base_split_features(cfg: DictConfig, settings: EvaluationSettings, split: str, checkpoint_sha256: str,
+def base_split_features(data: DictConfig, extraction: Extraction, split: str, checkpoint_sha256: str,
                         log: Callable[[str], None] = print) -> Path:
-    """Features of the base classes (``split`` of ``cfg.data``) from the checkpoint's backbone, for CL2N.
+    """Features of the base classes (``split`` of ``data``) from the checkpoint's backbone, for CL2N.
 
     SimpleShot (Wang et al. 2019) centres features on the mean of the base classes the backbone was trained on;
     this extracts that split once, through the same ``Trainer.test`` loop as the evaluated split, into the
-    feature cache under the same key rules, and returns the cache file.
+    feature cache under the same key rules, and returns the cache file. ``evaluate.py`` and ``evaluate.py
+    predict`` both call it, so they share the cache.
     """
-    checkpoint = settings.checkpoint
-    assert checkpoint is not None
-    datamodule, images, key = checkpoint_split(cfg, checkpoint_sha256, split)
-    cache = FeatureCache(settings.feature_cache_dir, key)
-    if not settings.refresh_features and cache.load() is not None:
+    checkpoint = extraction.checkpoint
+    datamodule, images, key = checkpoint_split(data, checkpoint_sha256, split)
+    cache = FeatureCache(extraction.feature_cache_dir, key)
+    if not extraction.refresh_features and cache.load() is not None:
         log(f"base features: reusing the cache {cache.path}")
         return cache.path
     backbone, _ = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
-                                           expected_backbone=settings.backbone)
-    log(f"base features: extracting the {split} split of {cfg.data.name} ({len(images)} images) for CL2N")
-    feature_set = extract_split(BackboneFeatures(backbone), datamodule, split, settings)
-    feature_set.metadata.update(source=f"{checkpoint} on {cfg.data.name}/{split}", checkpoint=str(checkpoint),
+                                           expected_backbone=extraction.backbone)
+    log(f"base features: extracting the {split} split of {data.name} ({len(images)} images) for CL2N")
+    feature_set = extract_split(BackboneFeatures(backbone), datamodule, split, extraction)
+    feature_set.metadata.update(source=f"{checkpoint} on {data.name}/{split}", checkpoint=str(checkpoint),
                                 checkpoint_sha256=key.checkpoint_sha256)
-    feature_set.check_finite(f"base features of {cfg.data.name}/{split} from {checkpoint}")
+    feature_set.check_finite(f"base features of {data.name}/{split} from {checkpoint}")
     return cache.store(feature_set)
 
 
@@ -196,7 +222,7 @@ def _data_mapping(data: DictConfig, key: str) -> dict[str, Any] | None:
 
 
 def extract_split(module: BackboneFeatures, datamodule: FewShotDataModule, split: str,
-                  settings: EvaluationSettings) -> FeatureSet:
+                  settings: Extraction) -> FeatureSet:
     """Features of ``split`` (the test loop of ``datamodule``) through ``module``, on one device."""
     collector = FeatureCollector(split)
     options = {k: v for k, v in settings.trainer.items() if k in ("accelerator", "precision")}

@@ -19,8 +19,8 @@ from typing import Any, Callable, Iterator, Sequence
 from omegaconf import DictConfig
 from pytorch_lightning.utilities import rank_zero_only
 
-from lightning_putm.config import build_trainer, changed_keys, command_line_value, to_container, to_yaml
-from lightning_putm.errors import ConfigError
+from lightning_putm.config import (Override, Overrides, build_trainer, changed_keys, command_line_value,
+                                   to_container, to_yaml)
 from lightning_putm.evaluation.callback import FewShotEvaluationCallback
 from lightning_putm.evaluation.progress import extraction_bar
 from lightning_putm.evaluation.runner import SettingResult
@@ -58,15 +58,15 @@ def describe(cfg: DictConfig, settings: EvaluationSettings) -> str:
     if settings.verbose:
         return "effective config:\n" + to_yaml(cfg)
     defaults = load_evaluate_config([])
-    source = [f"checkpoint={cfg.checkpoint}"] if settings.checkpoint is not None else []
-    try:
-        baseline = load_evaluate_config(source)  # the checkpoint's data and its recorded settings
-    except ConfigError:  # a path that does not read back as YAML: compare with the plain defaults
-        source, baseline = [], defaults.copy()
+    # typed overrides, not strings: a checkpoint path is a path whatever characters it holds
+    checkpoint = str(cfg.checkpoint)
+    source = Overrides([Override("checkpoint", checkpoint, checkpoint)] if settings.checkpoint else [])
+    baseline = load_evaluate_config(source)  # the checkpoint's data and its recorded settings
     dataset = str(cfg.data.name)
     named = {"data": dataset} if dataset != str(baseline.data.name) else {}
     if named:
-        baseline = load_evaluate_config([*source, f"data={dataset}", "force_data=true"])
+        baseline = load_evaluate_config(source + [Override("data", dataset, dataset),
+                                                  Override("force_data", "true", True)])
     baseline.checkpoint, baseline.force_data = defaults.checkpoint, defaults.force_data  # the user's, if set
     changed = {**named, **changed_keys(baseline, cfg)}
     methods = ", ".join(settings.methods)

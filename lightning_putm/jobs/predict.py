@@ -14,14 +14,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from lightning_putm.errors import DataError, LightningPutmError
-from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, load_evaluate_config, settings_from_config
-from lightning_putm.evaluation.sources import base_split_features
+from lightning_putm.errors import LightningPutmError
+from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, checkpoint_data
+from lightning_putm.evaluation.sources import Extraction, base_split_features, read_base_statistics
 from lightning_putm.features.cache import file_sha256
-from lightning_putm.features.files import load_features
-from lightning_putm.help import rows
 from lightning_putm.methods import build_method, method_uses_base_covariance, method_uses_base_mean
-from lightning_putm.methods.bavardage import base_within_class_scatter
 from lightning_putm.prediction.images import checkpoint_image_reader, extract_features, read_folders
 from lightning_putm.prediction.outputs import (estimated_counts, predict_task, summary_table, write_counts,
                                                write_predictions)
@@ -53,29 +50,17 @@ def base_statistics(settings: PredictSettings, dim: int,
                     f"training data cannot be read here ({exc}); pass data_root=<folder> to use its base-class mean")
             log(note)
             return None, None, "L2N (training data not found)"
-    base = load_features(path)
-    base.check_finite(f"base features from {path}")
-    if base.dim != dim or len(base) == 0:
-        raise DataError(f"base_features {path} has {len(base)} rows of d={base.dim} but the backbone gives d={dim}; "
-                        "use base features of the same backbone")
-    mean = base.features.double().mean(0).float()
-    covariance = base_within_class_scatter(base.features, base.labels, mean) \
-        if method_uses_base_covariance(settings.method) else None
-    return mean, covariance, f"CL2N (mean of {len(base)} base-class rows: {path})"
+    statistics, rows = read_base_statistics(path, dim, method_uses_base_covariance(settings.method))
+    return statistics.mean, statistics.covariance, f"CL2N (mean of {rows} base-class rows: {path})"
 
 
 def checkpoint_base_split(settings: PredictSettings, split: str, log: Callable[[str], None]) -> Path:
     """Features of ``split`` of the checkpoint's own data, through ``evaluate.py``'s extraction and cache."""
     accelerator = {"cpu": "cpu", "cuda": "gpu"}[settings.device.type]
-    overrides = [f"checkpoint={settings.checkpoint}", f"methods=[{settings.method}]", "logger=none", "plots=false",
-                 "progress=false", f"feature_cache_dir={settings.feature_cache_dir}",
-                 f"output_dir={settings.feature_cache_dir}", f"base_features={BASE_SPLIT_PREFIX}{split}",
-                 f"trainer.accelerator={accelerator}"]
-    if settings.data_root is not None:
-        overrides.append(f"data.root={settings.data_root}")
-    cfg = load_evaluate_config(overrides)
-    evaluation = settings_from_config(cfg)
-    return base_split_features(cfg, evaluation, split, file_sha256(settings.checkpoint), log)
+    extraction = Extraction(settings.checkpoint, settings.feature_cache_dir, trainer={"accelerator": accelerator},
+                            output_dir=settings.feature_cache_dir)
+    return base_split_features(checkpoint_data(settings.checkpoint, settings.data_root), extraction, split,
+                               file_sha256(settings.checkpoint), log)
 
 
 def run_predict(overrides: Sequence[str], log: Callable[[str], None] = print) -> PredictResult:

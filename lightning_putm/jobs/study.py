@@ -1,14 +1,13 @@
-"""``python -m lightning_putm study <sweep.yaml>``: a sweep run as an Optuna study (:mod:`lightning_putm.studies.study`),
-each point one ``evaluate.py`` run; Ctrl-C stops it and the same command resumes it."""
+"""``python -m lightning_putm study <sweep.yaml>``: a sweep run as an Optuna study
+(:mod:`lightning_putm.studies.study`), each point one ``evaluate.py`` run; Ctrl-C stops it and the same command
+resumes it."""
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import yaml
 
 from lightning_putm.errors import ConfigError
 from lightning_putm.loggers import WANDB_LINE

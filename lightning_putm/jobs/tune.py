@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import yaml
 
 from lightning_putm.atomic import atomic_write_text
-from lightning_putm.config import load_yaml, split_override
+from lightning_putm.config import Overrides, load_yaml
 from lightning_putm.errors import ConfigError
 from lightning_putm.runs import slug
 from lightning_putm.studies.study import Study, parse_options
@@ -33,15 +32,16 @@ def run_tune(argv: Sequence[str], log: Callable[[str], None] = print,
     if prefer is not None and prefer[0] not in sweep.swept:
         raise ConfigError(f"--prefer {prefer[0]}: not a swept parameter of {sweep.name} "
                           f"(swept: {', '.join(sweep.swept)})")
-    given = dict(split_override(t) for t in sweep.extra)  # command-line arguments, as typed
-    split = str(given.get("split", sweep.fixed.get("split", "val")))
+    given = Overrides.parse(sweep.extra)  # command-line arguments, as typed
+    split_given, checkpoint_given = given.last("split"), given.last("checkpoint")
+    split = split_given.raw if split_given else str(sweep.fixed.get("split", "val"))
     if split != "val":
         raise ConfigError(f"tune selects on the validation classes: split must be val, got split={split} "
                           "(drop split= from the sweep file and the command line)")
-    if given.get("checkpoint", sweep.fixed.get("checkpoint")) in (None, "", "null", "None"):
+    if (checkpoint_given.raw if checkpoint_given else sweep.fixed.get("checkpoint")) in (None, "", "null", "None"):
         raise ConfigError("tune needs checkpoint=/path/to/best.ckpt: it evaluates the checkpoint's validation split")
     sweep.fixed["split"] = "val"
-    sweep.extra = tuple(t for t in sweep.extra if split_override(t)[0] != "split")
+    sweep.extra = tuple(given.partition(lambda o: o.key == "split")[1].texts())
     if sweep.method != "grid" and options.get("max_runs") is not None:
         sweep.run_cap = int(options["max_runs"])
     folder = Path(options.get("dir") or TUNE_ROOT / slug(sweep.name))

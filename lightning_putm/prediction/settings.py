@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable
 
 import torch
 from omegaconf import DictConfig
 
-from lightning_putm.config import (apply_overrides, conf_dir, group_options, load_group, load_yaml, peel_override,
-                                   to_container)
+from lightning_putm.config import (Override, Overrides, apply_overrides, conf_dir, group_options, load_group,
+                                   load_yaml, to_container)
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.settings import (BASE_SPLIT_PREFIX, apply_presets, check_method_params, method_arguments,
                                                 resolve_device)
@@ -60,10 +60,10 @@ class PredictResult:
     normalisation: str  # CL2N (with what) or L2N, for methods that use a base mean; "" for the others
 
 
-def load_predict_config(overrides: Sequence[str]) -> tuple[DictConfig, str]:
+def load_predict_config(overrides: Iterable[str | Override]) -> tuple[DictConfig, str]:
     """``conf/predict.yaml`` with every method's settings under ``method.<name>`` plus overrides (unknown keys are
     errors); ``method=<name>`` picks the method. Returns the config and the method's name."""
-    chosen, overrides = peel_override(list(overrides), "method")
+    chosen, overrides = Overrides.parse(overrides).pop("method")
     cfg = load_yaml(conf_dir() / "predict.yaml")
     name = str(cfg.method) if chosen is None else chosen
     if name not in available_methods():

@@ -9,14 +9,14 @@ against its signature) except the few the job owns (logger, callbacks, plugins, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lightning_putm.config import (apply_overrides, apply_trainer_overrides, conf_dir, load_group, load_saved_config,
-                                   load_yaml, peel_override, split_override, split_trainer_overrides, to_container)
+from lightning_putm.config import (Override, Overrides, apply_overrides, apply_trainer_overrides, conf_dir,
+                                   is_trainer_override, load_group, load_saved_config, load_yaml, to_container)
 from lightning_putm.data.datamodule import EpisodeSettings, LoaderSettings
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.settings import (EvaluationSettings, load_evaluate_config,
@@ -36,12 +36,15 @@ RESERVED_TRAINER_ARGS = {
 }
 
 
-def load_train_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """``conf/train_backbone.yaml`` + the chosen data and backbone files + overrides (unknown keys are errors)."""
-    overrides = list(overrides)
-    saved_path, overrides = peel_override(overrides, "config")
-    data_name, overrides = peel_override(overrides, "data")
-    backbone_name, overrides = peel_override(overrides, "backbone")
+def load_train_config(overrides: Iterable[str | Override] = ()) -> DictConfig:
+    """``conf/train_backbone.yaml`` + the chosen data and backbone files + overrides (unknown keys are errors).
+
+    The arguments are parsed once, first; the selectors (``config=``, ``data=``, ``backbone=``) and ``trainer.*``
+    are taken out before the YAML files are composed, and the rest is merged."""
+    overrides = Overrides.parse(overrides)
+    saved_path, overrides = overrides.pop("config")
+    data_name, overrides = overrides.pop("data")
+    backbone_name, overrides = overrides.pop("backbone")
     saved = None
     if saved_path is not None:  # re-run a recorded run: its config.yaml is the base, overrides still apply
         if not Path(saved_path).is_file():
@@ -49,10 +52,11 @@ def load_train_config(overrides: Sequence[str] = ()) -> DictConfig:
         saved = load_yaml(Path(saved_path))
         data_name = data_name or OmegaConf.select(saved, "data.name")
         backbone_name = backbone_name or OmegaConf.select(saved, "backbone.name")
-    trainer_overrides, overrides = split_trainer_overrides(overrides)
-    for text in overrides:
-        if split_override(text)[0] in ("data.name", "backbone.name"):
-            raise ConfigError(f"{text!r}: choose the dataset with data=<name> and the backbone with backbone=<name>")
+    trainer_overrides, overrides = overrides.partition(is_trainer_override)
+    for override in overrides:
+        if override.key in ("data.name", "backbone.name"):
+            raise ConfigError(f"{override.text!r}: choose the dataset with data=<name> and the backbone with "
+                              "backbone=<name>")
 
     cfg = load_yaml(conf_dir() / "train_backbone.yaml")
     data_name = data_name or str(cfg.data)

@@ -4,7 +4,6 @@ the in-training few-shot validation), the run folder, and what a stopped stage t
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable

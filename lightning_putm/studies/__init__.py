@@ -3,7 +3,8 @@
 * :mod:`.sweep` — a sweep file read into points, and the metric names a study optimises;
 * :mod:`.study` — :class:`~.study.Study`: the points as trials in an Optuna storage (SQLite or PostgreSQL),
   resumable and shareable between processes; each trial is one ``evaluate.py`` run given to it by the job;
-* :mod:`.summary` and :mod:`.summary_report` — the summary table (paired 95% CIs, SimpleShot baseline), its files and figure;
+* :mod:`.summary` and :mod:`.summary_report` — the summary table (paired 95% CIs, SimpleShot baseline), its
+  files and figure;
 * :mod:`.tune` — the tune job's selection rule and its test-classes report;
 * ``compare_presets``, ``combine_tunes``, ``sensitivity_figure``, ``navigator_confidence`` — analyses of finished
   runs behind ``python -m lightning_putm <command>``; ``reference`` imports someone else's code from a local

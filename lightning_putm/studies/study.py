@@ -28,7 +28,6 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-import yaml
 
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.progress import Eta, format_duration

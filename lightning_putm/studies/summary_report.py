@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from lightning_putm.config import split_override
+from lightning_putm.config import Overrides
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.report import worst_gain
 from lightning_putm.runs import slug
@@ -95,14 +95,14 @@ def read_sweep(path: Path, overrides: Sequence[str] = ()) -> Sweep:
             raise ConfigError(f"{path}: parameters.{key}: a grid sweep needs `values` (or a fixed `value`)")
         else:
             swept[key] = _distribution(path, key, options)
-    extra: list[str] = []
-    for text in overrides:
-        key, raw = split_override(text)
-        if key in STUDY_OWNED:
-            raise ConfigError(f"{key}: the study gives every run its own folder under the study's folder; use --dir")
-        swept.pop(key, None)
-        fixed.pop(key, None)
-        extra.append(text)  # as typed: evaluate.py reads it (checkpoint=null stays null, not the text None)
+    given = Overrides.parse(overrides)
+    for override in given:
+        if override.key in STUDY_OWNED:
+            raise ConfigError(f"{override.key}: the study gives every run its own folder under the study's folder; "
+                              "use --dir")
+        swept.pop(override.key, None)
+        fixed.pop(override.key, None)
+    extra = given.texts()  # as typed: evaluate.py reads it (checkpoint=null stays null, not the text None)
     for key in STUDY_OWNED:
         fixed.pop(key, None)
     if not swept:
@@ -111,11 +111,11 @@ def read_sweep(path: Path, overrides: Sequence[str] = ()) -> Sweep:
     sweep = Sweep(str(spec.get("name") or path.stem), method, name, goal, fixed, swept,
                   None if run_cap is None else int(run_cap), path, tuple(extra))
     match = METRIC.match(name)
-    given = {split_override(t)[0]: split_override(t)[1] for t in extra}
-    methods = str(given.get("methods", fixed.get("methods", "")))
+    methods_given = given.last("methods")
+    methods = str(methods_given.raw if methods_given else fixed.get("methods", ""))
     listed = [m.strip(" '\"") for m in methods.strip("[] ").split(",")]
     for needed in (match.group("method"), match.group("gainer"), match.group("other")):
-        if needed and ("methods" in fixed or "methods" in given) and needed not in listed:
+        if needed and ("methods" in fixed or methods_given) and needed not in listed:
             raise ConfigError(f"{path}: the metric {name} needs method {needed} in `methods` ({methods})")
     return sweep
 
