@@ -11,6 +11,8 @@ its peak memory is its own: the worker's peak resident set size on CPU (it inclu
     python benchmarks/bench_putm.py --sizes 200 --reference /path/to/PUTM      # + the reference, same tasks
     python benchmarks/bench_putm.py --sizes 10000 --em-steps 2                 # EXTRAPOLATED to 50 EM steps
     python benchmarks/bench_putm.py --precision bf16 --sizes 100               # any PUTM option: see --help
+    python benchmarks/bench_putm.py --solver triton --triton-block-p 32 --triton-block-k 16 --triton-warps 8
+                                                          # the fused Triton kernel with one tile configuration
 
 ``--reference DIR`` is a local checkout of RashLog/PUTM (not part of this project); its ``methods/putm.py`` is
 run through benchmarks/reference_putm.py on exactly the same tasks in the same run, as one batch of T tasks
@@ -141,7 +143,7 @@ def bank_slice(bank, start: int, stop: int):
 
 def solver_options(args: argparse.Namespace) -> dict:
     options = {"em_steps": args.em_steps, "precision": args.precision, "solver": args.solver,
-               "memory_budget_mb": args.memory_budget_mb}
+               "memory_budget_mb": args.memory_budget_mb, "basis": args.basis}
     if args.early_stop_tol is not None:
         options["early_stop_tol"] = args.early_stop_tol
     if args.max_chunk_tasks is not None:
@@ -151,12 +153,29 @@ def solver_options(args: argparse.Namespace) -> dict:
     return options
 
 
+#: ``--triton-*`` flags and the :class:`KernelConfig` field each sets (``solver=triton`` only).
+TRITON_FLAGS = {"--triton-block-p": "block_p", "--triton-block-k": "block_k", "--triton-warps": "num_warps",
+                "--triton-programs": "programs"}
+
+
+def use_triton_config(args: argparse.Namespace) -> None:
+    """The kernel's tile configuration from the ``--triton-*`` flags (unset flags keep the default)."""
+    from lightning_putm.methods.putm import triton_engine
+
+    changes = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in TRITON_FLAGS.items()}
+    changes = {field: value for field, value in changes.items() if value is not None}
+    if changes:
+        triton_engine.DEFAULT_CONFIG = dataclasses.replace(triton_engine.DEFAULT_CONFIG, **changes)
+
+
 def worker(args: argparse.Namespace) -> dict:
     """Solve ``args.size`` tasks with one implementation; report seconds, chunks, accuracy and peak memory."""
     from lightning_putm.data.episodes import sample_episode_bank
     from lightning_putm.methods.putm import PUTM
     from lightning_putm.metrics import task_accuracy
 
+    if args.solver == "triton":
+        use_triton_config(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -181,7 +200,7 @@ def worker(args: argparse.Namespace) -> dict:
         solver = PUTM(shots=args.shots, balanced=args.balanced, **solver_options(args))
         warm = bank_slice(bank, 0, 1).gather(features, device)
         PUTM(shots=args.shots, balanced=args.balanced, em_steps=0, inner_steps=2, precision=args.precision,
-             solver=args.solver).predict(warm.batch)
+             solver=args.solver, basis=args.basis).predict(warm.batch)
         _reset_peak(device)
         start = time.perf_counter()
         for first in range(0, args.size, args.stream_tasks):
@@ -212,9 +231,10 @@ def run_worker(args: argparse.Namespace, size: int, implementation: str) -> dict
                "--device", args.device, "--dim", str(args.dim), "--ways", str(args.ways), "--shots", str(args.shots),
                "--queries", str(args.queries), "--memory-budget-mb", str(args.memory_budget_mb),
                "--em-steps", str(args.em_steps), "--precision", args.precision, "--solver", args.solver,
-               "--stream-tasks", str(args.stream_tasks), "--threads", str(args.threads)]
+               "--stream-tasks", str(args.stream_tasks), "--threads", str(args.threads), "--basis", args.basis]
+    triton_flags = [(flag, getattr(args, flag[2:].replace("-", "_"))) for flag in TRITON_FLAGS]
     for flag, value in (("--early-stop-tol", args.early_stop_tol), ("--max-chunk-tasks", args.max_chunk_tasks),
-                        ("--cpu-workers", args.cpu_workers), ("--reference", args.reference)):
+                        ("--cpu-workers", args.cpu_workers), ("--reference", args.reference), *triton_flags):
         if value is not None:
             command += [flag, str(value)]
     if args.balanced:
@@ -243,8 +263,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--em-steps", type=int, default=EM_STEPS,
                         help=f"EM steps actually run; below {EM_STEPS} the times are extrapolated (and marked)")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32", "bf16"])
-    parser.add_argument("--solver", default="auto", choices=["auto", "compiled", "fused", "autograd"],
-                        help="PUTM engine (auto = compiled on CUDA, fused elsewhere)")
+    parser.add_argument("--solver", default="auto", choices=["auto", "compiled", "fused", "autograd", "triton"],
+                        help="PUTM engine (auto = compiled on CUDA, fused elsewhere; triton = the fused kernel)")
+    parser.add_argument("--basis", default="qr", choices=["qr", "cholesky"], help="PUTM per-task basis")
+    parser.add_argument("--triton-block-p", type=int, default=None, help="solver=triton: pairs per tile")
+    parser.add_argument("--triton-block-k", type=int, default=None, help="solver=triton: input columns per chunk")
+    parser.add_argument("--triton-warps", type=int, default=None, help="solver=triton: warps per program")
+    parser.add_argument("--triton-programs", type=int, default=None,
+                        help="solver=triton: programs per launch (default: one per task)")
     parser.add_argument("--early-stop-tol", type=float, default=None)
     parser.add_argument("--max-chunk-tasks", type=int, default=None, help="PUTM chunk cap (default: automatic)")
     parser.add_argument("--cpu-workers", type=int, default=None, help="PUTM CPU workers (default: torch threads)")
@@ -255,6 +281,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference", help="local checkout of RashLog/PUTM: time it on the same tasks")
     parser.add_argument("--reference-max-tasks", type=int, default=1000,
                         help="largest T given to the reference (one batch, no chunking; memory grows with T)")
+    parser.add_argument("--sm90-resources", action="store_true",
+                        help="print the Triton kernel's registers, spills and shared memory on sm_90 (compiled here, "
+                             "no GPU needed) for the tile configurations of the sweep, and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--implementation", default="ours", help=argparse.SUPPRESS)
@@ -263,6 +292,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.sm90_resources:
+        from lightning_putm.methods.putm.triton_resources import main as resources_table
+
+        resources_table()
+        return
     if args.worker:
         print(json.dumps(worker(args)))
         return
@@ -286,11 +320,16 @@ def main(argv: list[str] | None = None) -> None:
     basis = "measured" if args.em_steps == EM_STEPS else f"extrap. {args.em_steps} EM"
     print(f"PUTM solver, {args.ways}-way {args.shots}-shot, {args.queries} queries, d={args.dim}, "
           f"{'balanced' if args.balanced else 'Dirichlet alpha=2'} settings, {EM_STEPS} EM x {defaults.inner_steps} Adam "
-          f"steps; ours: solver={args.solver} precision={args.precision}"
+          f"steps; ours: solver={args.solver} precision={args.precision} basis={args.basis}"
           + (f" (= {precision} here)" if precision != args.precision else "")
           + (f" early_stop_tol={args.early_stop_tol:g}" if args.early_stop_tol is not None else ""))
     print(f"device: {device_name}; torch {torch.__version__}; memory budget {args.memory_budget_mb:g} MB; "
           f"{flops / 1e9:.1f} GFLOP per task; device peak {peak:,.0f} GFLOP/s ({source})")
+    if args.solver == "triton":
+        from lightning_putm.methods.putm import triton_engine
+
+        use_triton_config(args)
+        print(f"triton kernel: {triton_engine.DEFAULT_CONFIG}")
     if args.em_steps != EM_STEPS:
         print(f"NOTE: rows marked 'extrap.' ran {args.em_steps} EM steps; their times are scaled by {scale:.2f} "
               f"to {EM_STEPS} EM steps (extrapolated, not measured)")

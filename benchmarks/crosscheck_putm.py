@@ -1,7 +1,8 @@
 """Accuracy cross-check of PUTM's fast engine against its specification, on the same seeded tasks.
 
-Runs ``solver=fused`` in fp32 (the executable specification) and ``solver=compiled`` in fp32 and bf16 on the
-same tasks (synthetic features of ``benchmarks/bench_methods.py``: 5-way 1-shot, 75 queries,
+Runs ``solver=fused`` in fp32 (the executable specification) and a fast engine (``--solver``: ``compiled``, the
+default, or ``triton``, the fused kernel) in fp32 and bf16 on the
+same tasks (synthetic features of ``benchmarks/bench_methods.py``: 5-way 1-shot (``--shots``), 75 queries,
 Dirichlet(2) class balance, d = 640; or ``--features FILE``, a ``.pt`` tensor dict with ``features`` [N, d] and
 ``labels`` [N], loaded with ``weights_only=True``) and prints one markdown table: solver, precision, device,
 tasks, tasks/s, mean accuracy ± 95% CI, % of queries predicted the same as the specification, Δ accuracy.
@@ -11,12 +12,13 @@ multiplied by (1 + 2⁻²³), i.e. changed by about one rounding error: the shar
 is what any reordering of fp32 arithmetic (other kernels, another device, a compiler's fusions) can hope to keep,
 since 50 EM steps of 30 Adam steps amplify rounding differences on the few queries near a decision boundary.
 
-Exits with status 1 when the compiled fp32 engine's mean accuracy differs by more than 0.1 points, or when it
+Exits with status 1 when the fast engine's fp32 mean accuracy differs by more than 0.1 points, or when it
 agrees on fewer queries than min(99.5%, noise floor − 0.25 points): the 99.5% asked for at first lies above the
 noise floor measured on an H100 (99.42% over 1000 tasks), so no fp32 engine that rounds differently could meet
 it; with ``--no-noise-floor`` the bound is 99.5%. bf16 is reported, not checked.
 
     python benchmarks/crosscheck_putm.py --device cuda --tasks 1000          # the acceptance run (GPU)
+    python benchmarks/crosscheck_putm.py --device cuda --tasks 1000 --solver triton --shots 5
     python benchmarks/crosscheck_putm.py --device cpu --tasks 100 --em-steps 5  # a quick CPU check
 
 Timings include a CUDA synchronisation; the first run of each engine warms up on one task first.
@@ -37,9 +39,13 @@ from lightning_putm.methods.putm import PUTM
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
 
 MIN_AGREEMENT = 99.5  # % of queries with the specification's prediction (fp32), unless the noise floor is lower
-FLOOR_MARGIN = 0.25  # points below the noise floor's agreement that the compiled fp32 engine may fall
+FLOOR_MARGIN = 0.25  # points below the noise floor's agreement that the fast fp32 engine may fall
 MAX_DELTA = 0.1  # accuracy points (fp32)
-RUNS = (("fused", "fp32"), ("compiled", "fp32"), ("compiled", "bf16"))
+
+
+def runs(solver: str) -> tuple[tuple[str, str], ...]:
+    """The specification, then the fast engine in fp32 and bf16."""
+    return ("fused", "fp32"), (solver, "fp32"), (solver, "bf16")
 
 
 def load_features(path: str | None, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,8 +71,8 @@ def solve(solver: str, precision: str, batch, args: argparse.Namespace) -> tuple
     options = dict(solver=solver, precision=precision, em_steps=args.em_steps)
     if args.max_chunk_tasks is not None:
         options["max_chunk_tasks"] = args.max_chunk_tasks
-    PUTM(shots=1, balanced=False, **options).predict(batch.slice(0, 1))
-    method = PUTM(shots=1, balanced=False, **options)
+    PUTM(shots=args.shots, balanced=False, **options).predict(batch.slice(0, 1))
+    method = PUTM(shots=args.shots, balanced=False, **options)
     sync(batch.support.device)
     start = time.perf_counter()
     probabilities = method.predict(batch)
@@ -78,13 +84,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tasks", type=int, default=1000)
+    parser.add_argument("--solver", default="compiled", choices=["compiled", "triton"], help="the fast engine checked")
+    parser.add_argument("--shots", type=int, default=1)
     parser.add_argument("--em-steps", type=int, default=50)
     parser.add_argument("--dim", type=int, default=640, help="synthetic feature width")
     parser.add_argument("--features", help=".pt file with 'features' [N, d] and 'labels' [N] (default: synthetic)")
     parser.add_argument("--max-chunk-tasks", type=int, default=None, help="PUTM chunk cap (default: automatic)")
     parser.add_argument("--seed", type=int, default=0, help="episode sampling seed")
     parser.add_argument("--no-bf16", action="store_true",
-                        help="skip the compiled bf16 run (slow where bf16 is emulated, e.g. CPUs without AVX512-BF16)")
+                        help="skip the fast engine's bf16 run (slow where bf16 is emulated, e.g. CPUs without "
+                             "AVX512-BF16)")
     parser.add_argument("--no-noise-floor", action="store_true",
                         help="skip the noise-floor run (the specification on features changed by one rounding error)")
     args = parser.parse_args(argv)
@@ -101,17 +110,18 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: no CUDA device here; use --device cpu")
     features, labels = load_features(args.features, args.dim)
-    bank = sample_episode_bank(labels, 5, 1, 75, 2.0, args.tasks, seed=args.seed)
+    bank = sample_episode_bank(labels, 5, args.shots, 75, 2.0, args.tasks, seed=args.seed)
     gathered = bank.gather(features, device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"PUTM cross-check: {args.tasks} tasks, 5-way 1-shot, 75 queries, Dirichlet(2), d={features.shape[1]}, "
+    print(f"PUTM cross-check: {args.tasks} tasks, 5-way {args.shots}-shot, 75 queries, Dirichlet(2), "
+          f"d={features.shape[1]}, "
           f"{args.em_steps} EM steps; device: {name}; torch {torch.__version__}\n")
     print("| solver | precision | device | tasks | tasks/s | mean acc % ± CI95 | % same as spec | Δ acc (pts) |")
     print("|---|---|---|---|---|---|---|---|")
     spec_predictions = spec_accuracy = None
-    compiled_fp32 = None
+    fast_fp32 = None
     failures = []
-    for solver, precision in RUNS[:2] if args.no_bf16 else RUNS:
+    for solver, precision in runs(args.solver)[: 2 if args.no_bf16 else 3]:
         probabilities, seconds = solve(solver, precision, gathered.batch, args)
         accuracy = task_accuracy(probabilities, gathered.query_labels)
         mean, ci = mean_and_ci95(100 * accuracy)
@@ -122,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         delta = mean - spec_accuracy
         print(f"| {solver} | {precision} | {device.type} | {args.tasks} | {args.tasks / seconds:.2f} | "
               f"{mean:.2f} ± {ci:.2f} | {same:.2f} | {delta:+.3f} |", flush=True)
-        if solver == "compiled" and precision == "fp32":
-            compiled_fp32 = (same, delta)
+        if solver == args.solver and precision == "fp32":
+            fast_fp32 = (same, delta)
     if not args.no_noise_floor:
         nudged = dataclasses.replace(gathered.batch, support=gathered.batch.support * (1 + 2**-23),
                                      query=gathered.batch.query * (1 + 2**-23))
@@ -135,13 +145,13 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
         min_agreement = min(MIN_AGREEMENT, same - FLOOR_MARGIN)
         print(f"\nnoise floor: {same:.2f}% of predictions survive a one-rounding-error change of the features; "
-              f"bound for compiled fp32: >= {min_agreement:.2f}% same predictions, |Δacc| <= {MAX_DELTA} pts")
+              f"bound for {args.solver} fp32: >= {min_agreement:.2f}% same predictions, |Δacc| <= {MAX_DELTA} pts")
     else:
         min_agreement = MIN_AGREEMENT
-    if compiled_fp32 is not None:
-        same, delta = compiled_fp32
+    if fast_fp32 is not None:
+        same, delta = fast_fp32
         if same < min_agreement or abs(delta) > MAX_DELTA:
-            failures.append(f"compiled fp32: {same:.2f}% same predictions (need >= {min_agreement:.2f}), "
+            failures.append(f"{args.solver} fp32: {same:.2f}% same predictions (need >= {min_agreement:.2f}), "
                             f"Δacc {delta:+.3f} pts (need |Δ| <= {MAX_DELTA})")
     for failure in failures:
         print(f"\nFAIL {failure}")

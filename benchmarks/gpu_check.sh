@@ -9,7 +9,11 @@
 #   2. the PUTM solver benchmark on cuda, T = 1000 and 10000, default solver (+ the reference implementation on
 #      the same GPU when a checkout is given) and --solver compiled     benchmarks/bench_putm.py
 #   3. the accuracy cross-check of the fast path against the fp32 engine    benchmarks/crosscheck_putm.py
-#   4. WRN-28-10 S2M2 training throughput at 84x84: fp32, bf16-mixed + channels-last, and the same compiled
+#   4. the fused Triton E-step kernel (solver=triton, not yet measured on a GPU): its sm_90 resources, the
+#      CUDA tests, a tile-size sweep (T = 1000, 5 EM steps, extrapolated), then tasks/s at T = 1000 and 10000 for
+#      1 and 5 shots (basis=cholesky) and the cross-check against the fp32 engine for 1 and 5 shots
+#                                                          benchmarks/bench_putm.py --solver triton, crosscheck_putm.py
+#   5. WRN-28-10 S2M2 training throughput at 84x84: fp32, bf16-mixed + channels-last, and the same compiled
 #                                                                          benchmarks/bench_pretrain.py
 # and writes <GPU_CHECK_OUT>/<UTC date>-<device>.md (default outputs/gpu_check/), whose path it prints. The exit
 # status is 0 only if every step passed.
@@ -132,6 +136,25 @@ else
     echo "| Fast path vs fp32 engine | FAILED (benchmarks/crosscheck_putm.py not found) | 0 |" >>"$SUMMARY"
     FAILED=1
 fi
+# the fused Triton kernel (solver=triton): resources, sweep, throughput, agreement
+run_step "Triton kernel: sm_90 resources (ptxas)" text "$PYTHON" benchmarks/bench_putm.py --sm90-resources
+run_step "Triton kernel: CUDA tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider tests/test_putm_triton.py
+# tile sweep: pairs per tile x input columns per chunk x warps; 5 EM steps (times extrapolated to 50)
+for TILE in "32 16 8" "16 16 8" "64 16 8" "32 32 8" "16 32 8" "32 16 4" "16 16 4" "64 32 8"; do
+    read -r BLOCK_P BLOCK_K WARPS <<<"$TILE"
+    run_step "Triton sweep BLOCK_P=$BLOCK_P BLOCK_K=$BLOCK_K warps=$WARPS" text "$PYTHON" benchmarks/bench_putm.py \
+        --device cuda --sizes 1000 --em-steps 5 --solver triton --basis cholesky --triton-block-p "$BLOCK_P" \
+        --triton-block-k "$BLOCK_K" --triton-warps "$WARPS"
+done
+run_step "Triton sweep, 132 persistent programs" text "$PYTHON" benchmarks/bench_putm.py --device cuda --sizes 1000 \
+    --em-steps 5 --solver triton --basis cholesky --triton-programs 132
+for SHOTS in 1 5; do
+    run_step "PUTM solver, --solver triton, $SHOTS-shot" text "$PYTHON" benchmarks/bench_putm.py --device cuda \
+        --sizes 1000 10000 --shots "$SHOTS" --solver triton --basis cholesky --stream-tasks 10000 \
+        --memory-budget-mb 32768 "${REFERENCE_ARGS[@]}" ${REFERENCE:+--reference-max-tasks 10000}
+    run_step "Triton vs fp32 engine, $SHOTS-shot" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda \
+        --tasks 1000 --solver triton --shots "$SHOTS"
+done
 PRETRAIN=("$PYTHON" benchmarks/bench_pretrain.py --device cuda --backbone wrn28_10 --image-size 84 --batch-size 64
           --no-header)
 run_step "WRN-28-10 S2M2 training, fp32" row "${PRETRAIN[@]}" --precision 32-true

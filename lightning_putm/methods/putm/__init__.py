@@ -14,9 +14,9 @@ over tasks or pairs. Algorithm 1, step by step:
    and the queries weighted by π_f (``prototype_update``), moved with inertia ``μ ← μ + a(μ̂ − μ)``.
 4. A final E-step; the prediction is π_f(k|j).
 
-The E-step runs on an engine (``solver``: :mod:`.engines`, :mod:`.compiled`, :mod:`.solvers`). Speed and
-determinism options that are not in the paper (memory sizing, ``max_chunk_tasks``, ``cpu_workers``,
-``precision``, ``canonical_query_order``) are applied around the method by :mod:`.plumbing`.
+The E-step runs on an engine (``solver``: :mod:`.engines`, :mod:`.compiled`, :mod:`.triton_engine`,
+:mod:`.solvers`). Speed and determinism options that are not in the paper (memory sizing, ``max_chunk_tasks``,
+``cpu_workers``, ``precision``, ``canonical_query_order``) are applied around the method by :mod:`.plumbing`.
 """
 
 from __future__ import annotations

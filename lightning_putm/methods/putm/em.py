@@ -98,6 +98,8 @@ def em_loop(engine: Engine, rows: torch.Tensor, one_hot: torch.Tensor, prototype
         for part in parts:
             if s.reinit_navigator:  # Algorithm 1: a new navigator (and Adam state) every EM step
                 part.engine.reinit(part.generators)
+            if part.engine.fixed_batch:  # the engine may skip the tasks that already have their result
+                part.engine.keep_only(part.live)
             before = None if hook is None else part.engine.snapshot()
             # E-step: inner_steps Adam steps of the navigator on the CT loss -> (π_f, π_b)
             forward, backward = part.engine.run(part.rows[:, num_support:], part.prototypes, ways)

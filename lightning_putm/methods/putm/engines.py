@@ -13,6 +13,8 @@ The EM loop (:mod:`.em`) talks to an engine through :class:`Engine` only; ``putm
   device, CUDA-graph replay of the inner steps; agrees with ``fused`` to float rounding, not bit-for-bit.
 * :class:`AutogradTrainer` (``autograd``): the plain formulation (autograd + ``torch.optim.Adam``), kept as
   the executable specification.
+* :class:`~.triton_engine.TritonTrainer` (``triton``): the whole E-step of each task in one fused Triton kernel
+  (CUDA; Triton's interpreter on CPU for tests); agrees with ``fused`` to float rounding.
 
 All return ``(π_f, π_b)`` of the last Adam step, computed before that step's update, like the reference
 code (github.com/RashLog/PUTM).
@@ -57,6 +59,10 @@ class Engine:
     def snapshot(self) -> torch.Tensor:
         """A copy of the flat navigator buffer (inspection)."""
         return self.navigator.flat.detach().clone()
+
+    def keep_only(self, live: torch.Tensor) -> None:
+        """``fixed_batch`` engines: only tasks ``live`` (``[T]`` bool) still need results; an engine may skip the
+        others (their rows are ignored). Default: every task runs."""
 
 
 class FusedTrainer(Engine):

@@ -17,7 +17,7 @@ from lightning_putm.methods.putm.navigator import GEMM_MIN_WIDTH
 from lightning_putm.methods.putm.precision import PRECISIONS
 
 PROTOTYPE_UPDATES = ("forward", "backward", "mixed")
-SOLVERS = ("auto", "compiled", "fused", "autograd")
+SOLVERS = ("auto", "compiled", "fused", "autograd", "triton")
 INIT_DRAWS = ("cpu", "device")
 BASES = ("qr", "cholesky")
 
@@ -56,7 +56,8 @@ class PUTMSettings(MethodOptions):
                                    help="forward | backward | mixed (rho-weighted) navigator drives the M-step")
     canonical_query_order: bool = option(True, help="QR the queries in a fixed order (shuffle-invariant)")
     negative_slope: float = option(0.01, config=False, help="leaky-ReLU slope of the navigator (fixed)")
-    solver: str = option("auto", choices=SOLVERS, help="auto = compiled on CUDA, fused elsewhere")
+    solver: str = option("auto", choices=SOLVERS,
+                         help="auto = compiled on CUDA, fused elsewhere; triton = one fused kernel per E-step (CUDA)")
     init_draw: str = option("cpu", choices=INIT_DRAWS, help="where the navigator's random draws are made")
     precision: str = option("auto", choices=PRECISIONS, help="navigator products: auto | fp32 | tf32 | bf16")
     early_stop_tol: float | None = option(None, low=0, null="off",
@@ -79,6 +80,12 @@ class PUTMSettings(MethodOptions):
         if self.solver != "autograd" and min(self.hidden, default=GEMM_MIN_WIDTH) < GEMM_MIN_WIDTH:
             raise ConfigError(f"method.putm.solver={self.solver} needs hidden widths >= {GEMM_MIN_WIDTH}, got "
                               f"{list(self.hidden)}; use solver=autograd")
+        if self.solver == "triton":  # refused on a machine where it cannot run, before any work
+            from lightning_putm.methods.putm.triton_support import unavailable_reason
+
+            reason = unavailable_reason(None)
+            if reason is not None:
+                raise ConfigError(reason)
         return self.replace(**changes) if changes else self
 
 

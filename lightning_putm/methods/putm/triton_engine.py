@@ -1,0 +1,234 @@
+"""The ``triton`` E-step engine: one fused Triton kernel per E-step (``solver=triton``). Not part of the paper.
+
+:class:`TritonTrainer` runs the whole E-step of Algorithm 1 (``inner_steps`` Adam steps of every task's
+navigator on the CT loss) as one launch of :func:`.triton_kernels.e_step_kernel`: one program per task (or per
+group of tasks, :class:`KernelConfig`), the navigator forward, the CT-loss gradient and the backward written by
+hand, and Adam's update, with the weights and Adam moments in the navigator's flat buffers. It computes what the
+``fused`` engine computes (:mod:`.engines`): the same loss gradient, the same Adam formula with the same bias
+corrections, the step count carried across E-steps (reset by a re-draw), and ``(π_f, π_b)`` of the last Adam step
+before its update; in fp32 it agrees with it to float rounding (the sums run in another order).
+
+The batch is fixed (:attr:`TritonTrainer.fixed_batch`, like ``compiled``): the EM loop tells the engine which
+tasks still need a result (:meth:`TritonTrainer.keep_only`) and the kernel's program for any other task returns
+at once (its ``active`` flag), so a settled task costs nothing and the shapes never change.
+
+Where it runs: on CUDA devices, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1`` set before
+the first use; slow, for tests). Anywhere else ``solver=triton`` is refused with one line
+(:func:`.triton_support.unavailable_reason`). A shape the kernel does not handle (:func:`unsupported_reason`)
+falls back to the ``compiled`` engine with one notice. ``solver=auto`` does not pick this engine yet: it has not
+been measured on a GPU (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from types import ModuleType
+
+import torch
+
+from lightning_putm.methods.putm.adam import ADAM_EPS
+from lightning_putm.methods.putm.engines import Engine
+from lightning_putm.methods.putm.navigator import Navigator
+from lightning_putm.methods.putm.settings import PUTMSettings
+from lightning_putm.methods.putm.step import pair_inputs
+
+#: Largest sizes the kernel is built for (the CT head holds a [Q, N] block in registers; hidden widths are tiles).
+MAX_WAYS, MAX_HEAD, MAX_HIDDEN, MAX_DIM = 64, 16384, 256, 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """Tile sizes of the kernel: pairs per tile (``None``: 32 in bf16, 16 in fp32/TF32, whose fp32 tiles spill
+    less on sm_90: 668 instead of 1804 bytes per thread, docs/gpu.md), input columns per chunk, warps per
+    program, and programs per launch (``None``: one per task; fewer make each program solve several tasks in turn
+    and shrink the scratch to that many tasks). ``benchmarks/bench_putm.py --triton-*`` sweeps them on a GPU."""
+
+    block_p: int | None = None
+    block_k: int = 16
+    num_warps: int = 8
+    programs: int | None = None
+
+    def pair_tile(self, precision: int) -> int:
+        """``block_p`` for a kernel ``PRECISION`` (:mod:`.triton_kernels`: 2 = bf16)."""
+        if self.block_p is not None:
+            return self.block_p
+        return 32 if precision == 2 else 16
+
+
+#: The configuration a new :class:`TritonTrainer` uses (the benchmark's sweep replaces it).
+DEFAULT_CONFIG = KernelConfig()
+
+
+def unsupported_reason(ways: int, queries: int, dim: int, hidden: list[int], dtype: torch.dtype) -> str | None:
+    """Why the kernel does not handle this shape (then the ``compiled`` engine runs), or ``None``."""
+    if dtype != torch.float32:
+        return f"rows in {dtype} (the kernel reads float32)"
+    if len(hidden) != 2:
+        return f"{len(hidden)} hidden layers (the kernel has two)"
+    if any(h < 16 or h > MAX_HIDDEN or h & (h - 1) for h in hidden):
+        return f"hidden widths {hidden} (powers of two from 16 to {MAX_HIDDEN})"
+    if ways > MAX_WAYS or power_of_two(queries) * power_of_two(ways) > MAX_HEAD:
+        return f"{ways} ways x {queries} queries (at most {MAX_WAYS} ways and {MAX_HEAD} padded pairs)"
+    if dim > MAX_DIM:
+        return f"basis width {dim} (at most {MAX_DIM})"
+    return None
+
+
+def power_of_two(n: int) -> int:
+    """The smallest power of two >= ``n`` (>= 1)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@functools.cache
+def kernels() -> ModuleType:
+    """The kernel module, imported on first use (importing triton costs about a second)."""
+    from lightning_putm.methods.putm import triton_kernels
+
+    return triton_kernels
+
+
+def kernel_precision(compute_dtype: torch.dtype, device: torch.device) -> int:
+    """The kernel's ``PRECISION``: bf16 products, TF32 (fp32 on CUDA with TF32 allowed, ``precision=tf32``) or
+    exact fp32."""
+    k = kernels()
+    if compute_dtype == torch.bfloat16:
+        return k.BF16
+    if device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
+        return k.TF32
+    return k.FP32
+
+
+class TritonTrainer(Engine):
+    """The E-step as one fused Triton kernel launch (``solver=triton``); see the module docstring."""
+
+    fixed_batch = True
+
+    def __init__(self, navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype,
+                 config: KernelConfig | None = None) -> None:
+        self.navigator, self.settings, self.compute_dtype = navigator, settings, compute_dtype
+        self.config = DEFAULT_CONFIG if config is None else config
+        self.exp_avg = torch.zeros_like(navigator.flat)
+        self.exp_avg_sq = torch.zeros_like(navigator.flat)
+        #: Adam steps taken since the last re-draw (all tasks share it, like :class:`.adam.StackedAdam`).
+        self.steps = 0
+        self.active = torch.ones(navigator.num_tasks, dtype=torch.int8, device=navigator.flat.device)
+        #: The ``compiled`` engine, when the kernel does not handle the chunk's shape.
+        self.delegate: Engine | None = None
+        self._schedule = torch.empty(0, 2)
+        self._scratch: dict[str, torch.Tensor] = {}
+        self._outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def keep_only(self, live: torch.Tensor) -> None:
+        """Only tasks ``live`` (a ``[T]`` bool mask) need results from now on: the others' programs return at once
+        (their navigator and Adam state stay as they are; their rows of π_f, π_b keep their last values)."""
+        self.active = live.to(device=self.navigator.flat.device, dtype=torch.int8)
+        if self.delegate is not None:
+            self.delegate.keep_only(live)
+
+    def reinit(self, generators: list[torch.Generator]) -> None:
+        if self.delegate is not None:
+            self.delegate.reinit(generators)
+            return
+        self.navigator.redraw(generators)
+        self.exp_avg.zero_()
+        self.exp_avg_sq.zero_()
+        self.steps = 0
+
+    def schedule(self, steps: int) -> torch.Tensor:
+        """``[steps, 2]`` float32 on the device: Adam's ``lr / (1 − β1^s)`` and ``√(1 − β2^s)`` for step
+        ``s = 1, 2, …``, computed in double precision like :class:`.adam.StackedAdam`'s Python numbers."""
+        if len(self._schedule) < steps:
+            beta1, beta2 = self.settings.adam_betas
+            size = max(steps, 2 * len(self._schedule))
+            rows = [[self.settings.lr / (1 - beta1 ** float(s)), (1 - beta2 ** float(s)) ** 0.5]
+                    for s in range(1, size + 1)]
+            self._schedule = torch.tensor(rows, dtype=torch.float32, device=self.navigator.flat.device)
+        return self._schedule
+
+    @torch.no_grad()
+    def run(self, query: torch.Tensor, prototypes: torch.Tensor, ways: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``inner_steps`` Adam steps in one launch; ``(π_f, π_b)`` of the last step, before its update."""
+        if self.delegate is not None:
+            return self.delegate.run(query, prototypes, ways)
+        nav = self.navigator
+        reason = unsupported_reason(ways, query.shape[1], query.shape[2], nav.widths[1:-1], query.dtype)
+        if reason is not None:
+            return self.fall_back(reason).run(query, prototypes, ways)
+        _, cost = pair_inputs(query, prototypes)
+        forward, backward = self.launch(query.contiguous(), prototypes.contiguous(), cost.contiguous())
+        self.steps += self.settings.inner_steps
+        return forward.clone(), backward.clone()
+
+    def fall_back(self, reason: str) -> Engine:
+        """The ``compiled`` engine on the same navigator, with one notice (only before the first Adam step)."""
+        from lightning_putm.methods.putm.compiled import CompiledTrainer
+
+        if self.steps:
+            raise RuntimeError(f"putm solver=triton: the shape changed mid-run to one the kernel does not handle "
+                               f"({reason})")
+        notice(reason)
+        self.delegate = CompiledTrainer(self.navigator, self.settings, self.compute_dtype)
+        if not bool(self.active.all()):
+            self.delegate.keep_only(self.active.bool())
+        return self.delegate
+
+    def launch(self, query: torch.Tensor, prototypes: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor,
+                                                                                                    torch.Tensor]:
+        """One kernel launch over all tasks; returns the (persistent) π_f and π_b buffers."""
+        k, s, nav, config = kernels(), self.settings, self.navigator, self.config
+        t, q, m = query.shape
+        n = prototypes.shape[1]
+        h1, h2 = nav.widths[1:-1]
+        pairs = q * n
+        precision = kernel_precision(self.compute_dtype, query.device)
+        block_p = config.pair_tile(precision)
+        padded_pairs = -(-pairs // block_p) * block_p
+        programs = t if config.programs is None else max(1, min(t, config.programs))
+        scratch_dtype = torch.float32 if k.INTERPRETED else self.compute_dtype
+        scratch = self.scratch(programs, padded_pairs, h1, h2, scratch_dtype)
+        if self._outputs is None or self._outputs[0].shape != cost.shape:
+            self._outputs = (torch.zeros_like(cost), torch.zeros_like(cost))
+        forward, backward = self._outputs
+        weights, biases = nav.views(nav.flat)
+        starts = [0]
+        for part in [*weights, *biases][:-1]:
+            starts.append(starts[-1] + part.numel())
+        beta1, beta2 = s.adam_betas
+        k.e_step_kernel[(programs,)](
+            query, prototypes, cost, nav.flat, self.exp_avg, self.exp_avg_sq, self.active,
+            self.schedule(self.steps + s.inner_steps), forward, backward,
+            scratch["h1"], scratch["h2"], scratch["logits"], scratch["grad"], scratch["dw2"],
+            t, s.inner_steps, self.steps, *starts[1:],
+            s.negative_slope, s.rho, s.theta, 1 - beta1, beta2, 1 - beta2, ADAM_EPS,
+            Q=q, N=n, M=m, H1=h1, H2=h2, W3S=weights[-1].shape[2], Q_PAD=power_of_two(q), N_PAD=power_of_two(n),
+            P_PAD=padded_pairs, BLOCK_P=block_p, BLOCK_K=config.block_k, PRECISION=precision,
+            INTERPRET=k.INTERPRETED,
+            LERP_FROM_END=not abs(1 - beta1) < 0.5, BALANCE=s.theta != 0,
+            num_warps=config.num_warps, num_stages=1)
+        return forward, backward
+
+    def scratch(self, programs: int, pairs: int, h1: int, h2: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The per-program activations (kept between launches of the same size)."""
+        shape = (programs, pairs, h1, h2, dtype)
+        if self._scratch.get("shape") != shape:
+            device = self.navigator.flat.device
+            self._scratch = {"shape": shape,  # type: ignore[dict-item]
+                             "h1": torch.empty(programs, pairs, h1, device=device, dtype=dtype),
+                             "h2": torch.empty(programs, pairs, h2, device=device, dtype=dtype),
+                             "logits": torch.empty(programs, pairs, device=device),
+                             "grad": torch.empty(programs, pairs, device=device),
+                             "dw2": torch.empty(programs, h1, h2, device=device)}
+        return self._scratch
+
+
+_NOTICED: set[str] = set()
+
+
+def notice(reason: str) -> None:
+    """One warning per distinct reason and process when a chunk falls back to the ``compiled`` engine."""
+    if reason not in _NOTICED:
+        _NOTICED.add(reason)
+        warnings.warn(f"putm solver=triton: the fused kernel does not handle {reason}; using solver=compiled for "
+                      "it", RuntimeWarning, stacklevel=4)
