@@ -30,10 +30,12 @@ HELP_MARKERS = {
     "combine-tunes": "combine-tunes [-h] [--goal {maximize,minimize}]",
     "sensitivity-figure": "sensitivity-figure [-h] --set NAME FOLDER",
     "navigator-confidence": "navigator-confidence [-h] [--features FEATURES]",
+    "fit-unem": "fit-unem [-h] --features FEATURES --shots",
 }
 #: an option each analysis's parser has and no other's
 ANALYSIS_OPTIONS = {"compare-presets": "--candidate-label", "combine-tunes": "--goal",
-                    "sensitivity-figure": "--reference", "navigator-confidence": "--queries"}
+                    "sensitivity-figure": "--reference", "navigator-confidence": "--queries",
+                    "fit-unem": "--iterations"}
 
 
 def console_script() -> str:

@@ -35,7 +35,7 @@ def as_plain(value: Any) -> Any:
 
 def test_every_builtin_method_is_covered() -> None:
     assert set(METHODS) >= {"putm", "simpleshot", "protonet", "ptmap", "tim", "alpha_tim", "bdcspn",
-                            "laplacianshot", "ilpc", "bavardage"}
+                            "laplacianshot", "ilpc", "bavardage", "alpha_am", "unem"}
 
 
 @pytest.mark.parametrize("name", METHODS)

@@ -27,9 +27,9 @@ from lightning_putm.methods.simpleshot import SimpleShot
 from lightning_putm.methods.tim import AlphaTIM, TIMGD, shannon_entropy, tsallis_entropy
 from lightning_putm.tasks import TaskBatch
 
-PEERS = ["protonet", "simpleshot", "ptmap", "tim", "alpha_tim", "bdcspn", "laplacianshot", "bavardage", "ilpc"]
+PEERS = ["protonet", "simpleshot", "ptmap", "tim", "alpha_tim", "bdcspn", "laplacianshot", "bavardage", "ilpc", "alpha_am", "unem"]
 #: fewer Adam steps where the property does not need the paper's 1000 (keeps the suite fast on CPU)
-FAST = {"tim": {"iterations": 150}, "alpha_tim": {"iterations": 150}}
+FAST = {"tim": {"iterations": 150}, "alpha_tim": {"iterations": 150}, "alpha_am": {"iterations": 100}}
 
 
 def make_tasks(counts: list[list[int]], shots: int = 1, dim: int = 32, spread: float = 0.3, scale: float = 2.0,

@@ -237,7 +237,7 @@ ALL_METHODS = ["putm", "simpleshot", "protonet", "ptmap", "tim", "alpha_tim", "b
                "bavardage"]
 DISPLAY = {"putm": "PUTM", "simpleshot": "SimpleShot", "protonet": "ProtoNet", "ptmap": "PT-MAP", "tim": "TIM",
            "alpha_tim": "α-TIM", "bdcspn": "BD-CSPN", "laplacianshot": "LaplacianShot", "ilpc": "iLPC",
-           "bavardage": "BAVARDAGE"}
+           "bavardage": "BAVARDAGE", "alpha_am": "α-AM", "unem": "UNEM"}
 OMNIGLOT = ["images_evaluation/Malayalam/character30/rot000", "images_evaluation/Syriac_(Serto)/character11/rot180",
             "images_evaluation/Bengali/character02/rot090", "images_evaluation/Kannada/character07/rot270",
             "images_evaluation/Atlantean/character13/rot000"]

@@ -89,9 +89,10 @@ PAPER_RC: dict[str, Any] = {
 
 
 #: Colour-blind-safe colours: the Okabe–Ito palette (without its yellow, too faint on white) plus Paul Tol's
-#: wine, olive and a mid grey; with the marker as a second cue, ten methods stay apart in greyscale prints too.
+#: wine, olive, a mid grey, teal and indigo; with the marker as a second cue, twelve methods stay apart in greyscale
+#: prints too.
 PALETTE: tuple[str, ...] = ("#D55E00", "#0072B2", "#000000", "#E69F00", "#CC79A7", "#009E73", "#56B4E9",
-                            "#882255", "#999933", "#777777")
+                            "#882255", "#999933", "#777777", "#44AA99", "#332288")
 
 
 MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "p", "d", "*", "H", "8")
@@ -99,7 +100,7 @@ MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "p
 
 #: Fixed slots of the built-in methods, so a method keeps its colour and marker in every figure and every run.
 METHOD_ORDER: tuple[str, ...] = ("putm", "ptmap", "simpleshot", "alpha_tim", "tim", "bdcspn", "laplacianshot",
-                                 "ilpc", "bavardage", "protonet")
+                                 "ilpc", "bavardage", "protonet", "alpha_am", "unem")
 
 
 @contextmanager
@@ -153,7 +154,7 @@ def display_label(method: str, oracle_prior: bool = False) -> str:
 
 def class_colours(count: int) -> list[tuple[float, float, float, float]]:
     """One colour per class of a task: the colour-blind-safe :data:`PALETTE` without its black (black edges
-    mark prototypes and support points) up to nine classes, then tab20 and an evenly sampled continuous map
+    mark prototypes and support points) up to eleven classes, then tab20 and an evenly sampled continuous map
     (a 20+-way task cannot be told apart by colour alone anyway)."""
     palette = [c for c in PALETTE if c != "#000000"]
     if count <= len(palette):

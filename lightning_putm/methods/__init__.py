@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from lightning_putm.errors import ConfigError
+from lightning_putm.methods.alpha_am import AlphaAM
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.bavardage import BAVARDAGE
 from lightning_putm.methods.bdcspn import BDCSPN
@@ -21,6 +22,7 @@ from lightning_putm.methods.ptmap import PTMAP
 from lightning_putm.methods.putm import PUTM
 from lightning_putm.methods.simpleshot import SimpleShot
 from lightning_putm.methods.tim import TIMGD, AlphaTIM
+from lightning_putm.methods.unem import UNEM
 from lightning_putm.validators import did_you_mean
 
 #: name → factory(params, context). The context holds shots, balanced, show_progress, memory_budget_mb,
@@ -104,6 +106,16 @@ def _build_bavardage(params: dict[str, Any], context: dict[str, Any]) -> FewShot
                      **_common(context), **params)
 
 
+@register_method("alpha_am", AlphaAM)
+def _build_alpha_am(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
+    return AlphaAM(shots=context["shots"], **_common(context), **params)
+
+
+@register_method("unem", UNEM)
+def _build_unem(params: dict[str, Any], context: dict[str, Any]) -> FewShotMethod:
+    return UNEM(shots=context["shots"], **_common(context), **params)
+
+
 def available_methods() -> list[str]:
     return sorted(METHOD_REGISTRY)
 
@@ -147,6 +159,6 @@ def build_method(name: str, params: dict[str, Any] | None = None, **context: Any
 
 
 __all__ = ["FewShotMethod", "PUTM", "SimpleShot", "ProtoNet", "PTMAP", "TIMGD", "AlphaTIM", "BDCSPN",
-           "LaplacianShot", "BAVARDAGE", "ILPC",
+           "LaplacianShot", "BAVARDAGE", "ILPC", "UNEM", "AlphaAM",
            "METHOD_REGISTRY", "METHOD_CLASSES", "available_methods", "build_method", "method_display_name",
            "method_uses_base_covariance", "method_uses_base_mean", "method_uses_class_prior", "register_method"]
