@@ -7,7 +7,7 @@ import torch
 
 from conftest import make_clustered_features
 from lightning_putm.data.episodes import sample_episode_bank
-from lightning_putm.errors import ConfigError
+from lightning_putm.errors import ConfigError, FeatureError
 from lightning_putm.methods.preprocessing import (cholesky_reduce, l2_normalise, power_transform, qr_reduce,
                                                   reduce_basis)
 from lightning_putm.methods.putm import PUTM
@@ -127,3 +127,11 @@ def test_cholesky_on_cuda_matches_qr_on_cpu():
     # between a task's rows, is: the rows' Gram matrix equals x xᵀ on both devices
     gram = x[7].double() @ x[7].double().T
     assert torch.allclose(coords[7].double() @ coords[7].double().T, gram, rtol=1e-4, atol=1e-2)
+
+
+def test_beta_one_is_no_transform_and_accepts_signed_features() -> None:
+    """Kills: the sign check before the β = 1 shortcut (its own error message tells users to pass beta=1)."""
+    x = torch.tensor([[[-0.5, 0.25], [1.0, -2.0]]])
+    assert power_transform(x, 1.0) is x
+    with pytest.raises(FeatureError, match="non-negative"):
+        power_transform(x, 0.5)

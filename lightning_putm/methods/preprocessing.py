@@ -27,7 +27,10 @@ POWER_EPS = 1e-6
 
 
 def power_transform(x: torch.Tensor, beta: float, method: str = "method") -> torch.Tensor:
-    """``(x + 1e-6)^β`` for non-negative ``x``; raises :class:`FeatureError` on negative input."""
+    """``(x + 1e-6)^β`` for non-negative ``x``; raises :class:`FeatureError` on negative input. ``β = 1`` is no
+    transform: features of any sign pass unchanged (signed backbones, e.g. ViT pre-logits, need it)."""
+    if beta == 1.0:
+        return x
     minimum = float(x.min()) if x.numel() else 0.0
     if minimum < 0:
         raise FeatureError(
@@ -35,8 +38,6 @@ def power_transform(x: torch.Tensor, beta: float, method: str = "method") -> tor
             f"outputs), but the smallest value is {minimum:.4g}. Pass un-centred features, or disable the "
             "transform for this method (beta=1 keeps features as they are)"
         )
-    if beta == 1.0:
-        return x
     return (x + POWER_EPS).pow(beta)
 
 
