@@ -34,7 +34,8 @@ MIN_MEANING = 34
 #: What a key holds where its YAML default does not say (``null``, or ``auto`` standing for a number).
 KEY_TYPES = {
     # evaluate.py
-    "checkpoint": "path", "data": "name", "backbone": "name|auto", "feature_cache_dir": "path",
+    "checkpoint": "path", "pretrained_file": "path", "data": "name", "backbone": "name|auto",
+    "feature_cache_dir": "path",
     "features": "path|auto", "base_features": "path|auto", "queries": "int", "tasks": "int|auto",
     "memory_budget_mb": "int|auto", "name": "str", "output_dir": "path|auto", "trainer.devices": "int|auto",
     "wandb.entity": "str", "wandb.name": "str", "wandb.group": "str", "wandb.dir": "path", "wandb.mode": "str",

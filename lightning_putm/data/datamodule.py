@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytorch_lightning as pl
 import torch
@@ -225,12 +225,15 @@ class FewShotDataModule(pl.LightningDataModule):
             generator=generator, **self.loader_options().kwargs(),
         )
 
-    def _eval_loader(self, split: str) -> DataLoader | list:
+    def _eval_loader(self, split: str, transform: Callable[[Any], torch.Tensor] | None = None) -> DataLoader | list:
+        """Every image of ``split`` in order, through ``transform`` (default: the evaluation transform of the data
+        settings; a pretrained model brings its own preprocessing)."""
         data = self.split(split)
         if len(data) == 0:
             return []
-        transform = eval_transform(self.image_size, self.in_channels, self.normalize,
-                                   from_files=not self.info.in_memory, resize_factor=self.eval_resize)
+        if transform is None:
+            transform = eval_transform(self.image_size, self.in_channels, self.normalize,
+                                       from_files=not self.info.in_memory, resize_factor=self.eval_resize)
         return DataLoader(data.to_dataset(transform, with_index=True), batch_size=self.eval_batch_size,
                           shuffle=False, **self.loader_options().kwargs())
 

@@ -22,6 +22,7 @@ from lightning_putm.config import (Override, Overrides, apply_overrides, apply_t
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.loggers import LOGGERS
 from lightning_putm.methods import available_methods, build_method, method_uses_base_mean
+from lightning_putm.models.timm_pretrained import check_model_name, timm_model_name
 from lightning_putm.pretraining.checkpoints import read_checkpoint
 from lightning_putm.runs import run_name
 from lightning_putm.validators import (as_list, choice, did_you_mean, flag, integer, is_number, memory_budget,
@@ -88,6 +89,8 @@ class EvaluationSettings:
     plot_task: int = 0
     trainer: dict[str, Any] = field(default_factory=dict)
     backbone: str = "auto"  # expected backbone of the checkpoint (auto = whatever it holds)
+    timm_model: str | None = None  # checkpoint=timm:<name>: a pretrained timm model instead of a checkpoint file
+    pretrained_file: Path | None = None  # its weights file (None: timm's hub cache or download)
     name: str = "run"  # run name: part of the run folder's and the W&B run's names
     verbose: bool = False
 
@@ -348,7 +351,11 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
             and not Path(base_features).is_file():
         raise ConfigError(f"base_features: file not found: {base_features}; give a feature file of the base classes "
                           "from the same backbone, base_features=split:train with a checkpoint, or base_features=null")
-    source = checkpoint_run_name(checkpoint) if checkpoint is not None else Path(features).stem
+    timm_model, pretrained_file = timm_settings(cfg)
+    if timm_model is not None:
+        source = f"timm-{timm_model}"
+    else:
+        source = checkpoint_run_name(checkpoint) if checkpoint is not None else Path(features).stem
     name = run_name(None if cfg.get("name") in (None, "") else str(cfg.name), source)
     for key in ("refresh_features", "plots", "progress", "allow_pickle"):
         flag(cfg[key], key)
@@ -380,9 +387,32 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         plot_task=integer(cfg.plot_task, "plot_task", 0),
         trainer=to_container(cfg.trainer),
         backbone=str(cfg.backbone),
+        timm_model=timm_model,
+        pretrained_file=pretrained_file,
         name=name,
         verbose=flag(cfg.verbose, "verbose"),
     )
+
+
+def timm_settings(cfg: DictConfig) -> tuple[str | None, Path | None]:
+    """``checkpoint=timm:<name>`` and ``pretrained_file``, checked: a name timm knows, a weights file that exists,
+    ``pretrained_file`` only with a timm model, and ``backbone`` auto or that model."""
+    name = timm_model_name(cfg.checkpoint)
+    given = cfg.get("pretrained_file")
+    path = None if given in (None, "", "null", "None") else Path(str(given)).expanduser()
+    if name is None:
+        if path is not None:
+            raise ConfigError(f"pretrained_file={given} is the weights file of a timm model: use it with "
+                              "checkpoint=timm:<model name>, or drop it (a train_backbone.py checkpoint holds its "
+                              "weights)")
+        return None, None
+    check_model_name(name)
+    if path is not None and not path.is_file():
+        raise ConfigError(f"pretrained_file={path}: file not found; give the weights file of timm:{name} "
+                          "(.safetensors, .pth, .bin), or drop it to use timm's hub cache")
+    if str(cfg.backbone) not in ("auto", name):
+        raise ConfigError(f"backbone={cfg.backbone} does not apply to checkpoint=timm:{name}; drop it (backbone=auto)")
+    return name, path
 
 
 def check_methods_build(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],

@@ -1,10 +1,14 @@
-"""Where the evaluated features come from: the built-in demo, a feature file, or a backbone checkpoint.
+"""Where the evaluated features come from: the built-in demo, a feature file, a backbone checkpoint or a timm model.
 
 With ``checkpoint=`` the backbone's features of ``data``'s split are extracted in the test loop of
 ``Trainer.test`` (:class:`~lightning_putm.features.extraction.BackboneFeatures`) and cached by content
 (:mod:`lightning_putm.features.cache`); a cache hit, a feature file or the demo is replayed through the same loop
 (:class:`~lightning_putm.features.extraction.FeatureRows`). CL2N's base-class mean (SimpleShot, Wang et al. 2019)
 is read from ``base_features``: a feature file, or a split extracted with the checkpoint.
+
+``checkpoint=timm:<model name>`` takes a pretrained timm model instead (:mod:`lightning_putm.models.timm_pretrained`):
+the images of every split go through the model's own preprocessing, and the cache key holds the model's name and
+the SHA-256 of its weights file (``pretrained_file=`` or the hub cache's).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from lightning_putm.features.extraction import BackboneFeatures, FeatureCollecto
 from lightning_putm.features.files import FeatureSet, load_features
 from lightning_putm.methods import method_uses_base_covariance, method_uses_base_mean
 from lightning_putm.methods.bavardage import base_within_class_scatter
+from lightning_putm.models.timm_pretrained import TimmWeights, find_weights, load_timm_backbone, timm_transform
 from lightning_putm.pretraining.checkpoints import load_checkpoint_backbone
 from lightning_putm.validators import integer, mapping, positive
 
@@ -63,13 +68,18 @@ class Extraction:
     trainer: dict[str, Any] = field(default_factory=dict)  # its accelerator and precision are used
     progress: bool = False
     output_dir: Path | None = None  # the Trainer's root folder
+    weights: TimmWeights | None = None  # checkpoint=timm:<name>: the model and its weights file
 
     @classmethod
-    def of(cls, settings: EvaluationSettings) -> Extraction:
-        """The extraction an ``evaluate.py checkpoint=...`` run does."""
+    def of(cls, settings: EvaluationSettings, weights: TimmWeights | None = None) -> Extraction:
+        """The extraction an ``evaluate.py checkpoint=...`` run does (``weights``: of its timm model)."""
         assert settings.checkpoint is not None
         return cls(settings.checkpoint, settings.feature_cache_dir, settings.refresh_features, settings.backbone,
-                   settings.trainer, settings.progress, settings.output_dir)
+                   settings.trainer, settings.progress, settings.output_dir, weights)
+
+    def source(self) -> str:
+        """What the features come from, for the feature set's metadata and the console."""
+        return str(self.checkpoint) if self.weights is None else f"timm:{self.weights.model} ({self.weights.file})"
 
 
 def load_base_statistics(settings: EvaluationSettings, dim: int, log: Callable[[str], None] = print) -> BaseStatistics:
@@ -135,24 +145,34 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
         return FeatureRows(), FeatureRowsDataModule(feature_set), None
 
     checkpoint = settings.checkpoint
-    if not checkpoint.is_file():
+    weights = None
+    if settings.timm_model is not None:  # no file to check: the weights file is found (or downloaded) now
+        weights = find_weights(settings.timm_model, settings.pretrained_file)
+        log(f"timm:{weights.model}: weights from {weights.origin}")
+    elif not checkpoint.is_file():
         raise FeatureError(f"checkpoint not found: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
                            "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
+    extraction = Extraction.of(settings, weights)
     split = settings.split
-    datamodule, images, key = checkpoint_split(cfg.data, file_sha256(checkpoint), split)  # hashed once per run
+    datamodule, images, key = checkpoint_split(cfg.data, file_sha256(weights.file if weights else checkpoint), split,
+                                               weights)  # hashed once per run
     if settings.base_features is not None and settings.base_features.startswith(BASE_SPLIT_PREFIX):
         # from here on base_features names the cached file, which load_base_statistics reads like any feature file
         base_split = settings.base_features[len(BASE_SPLIT_PREFIX):]
-        settings.base_features = str(base_split_features(cfg.data, Extraction.of(settings), base_split,
-                                                         key.checkpoint_sha256, log))
+        settings.base_features = str(base_split_features(cfg.data, extraction, base_split, key.checkpoint_sha256, log))
     data = cfg.data
     cache = FeatureCache(settings.feature_cache_dir, key)
-    images.metadata.update(source=f"{checkpoint} on {data.name}/{split}", checkpoint=str(checkpoint),
+    images.metadata.update(source=f"{extraction.source()} on {data.name}/{split}", checkpoint=str(checkpoint),
                            checkpoint_sha256=key.checkpoint_sha256)
     cached = None if settings.refresh_features else cache.load()
     if cached is not None:
         log(f"features: reusing the cache {cache.path} (refresh_features=true rebuilds it)")
         return FeatureRows(), FeatureRowsDataModule(cached), None
+    if weights is not None:
+        backbone = load_timm_backbone(weights)
+        log(f"features: extracting the {split} split of {data.name} ({len(images)} images) with timm:{weights.model} "
+            f"(its own preprocessing: {datamodule.eval_transform_override!r})")
+        return BackboneFeatures(backbone), datamodule, cache
     backbone, hparams = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
                                                  expected_backbone=settings.backbone)
     log(f"features: extracting the {split} split of {data.name} ({len(images)} images) with the "
@@ -160,16 +180,22 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
     return BackboneFeatures(backbone), datamodule, cache
 
 
-def checkpoint_split(data: DictConfig, checkpoint_sha256: str,
-                     split: str) -> tuple[FewShotDataModule, ImageSplit, FeatureCacheKey]:
+def checkpoint_split(data: DictConfig, checkpoint_sha256: str, split: str,
+                     weights: TimmWeights | None = None) -> tuple[FewShotDataModule, ImageSplit, FeatureCacheKey]:
     """The datamodule whose test loop yields ``split`` of ``data`` (images in order, with their row index),
-    the split itself, and the feature-cache key of (checkpoint content, dataset, split, eval transform)."""
+    the split itself, and the feature-cache key of (checkpoint content, dataset, split, eval transform).
+
+    With a timm model (``weights``) the images go through the model's own preprocessing instead of ``data``'s
+    evaluation transform, and the key also holds the model's name (``checkpoint_sha256`` is its weights file's)."""
+    override = timm_transform(weights.model) if weights is not None else None
 
     class SplitDataModule(FewShotDataModule):
         """The dataset's ``split`` as the test loop."""
 
+        eval_transform_override = override
+
         def test_dataloader(self):  # type: ignore[override]
-            return self._eval_loader(split)
+            return self._eval_loader(split, self.eval_transform_override)
 
     datamodule = SplitDataModule(
         str(data.name), root=data.root, image_size=integer(data.image_size, "data.image_size", 1),
@@ -180,13 +206,14 @@ def checkpoint_split(data: DictConfig, checkpoint_sha256: str,
     images = datamodule.split(split)
     if len(images) == 0:
         raise FeatureError(f"{data.name}: the {split} split is empty; check data.root and split=")
-    transform = eval_transform(datamodule.image_size, datamodule.in_channels, datamodule.normalize,
-                               from_files=not datamodule.info.in_memory, resize_factor=datamodule.eval_resize)
+    transform = override if override is not None else eval_transform(
+        datamodule.image_size, datamodule.in_channels, datamodule.normalize, from_files=not datamodule.info.in_memory,
+        resize_factor=datamodule.eval_resize)
     key = FeatureCacheKey(
         checkpoint_sha256=checkpoint_sha256, dataset=str(data.name),
         root=str(Path(str(data.root)).expanduser().resolve()) if data.root else "",
         options=json.dumps(to_container(data.options) if data.options else {}, sort_keys=True), split=split,
-        transform=repr(transform),
+        transform=repr(transform), model=weights.model if weights is not None else "",
     )
     return datamodule, images, key
 
@@ -201,18 +228,21 @@ def base_split_features(data: DictConfig, extraction: Extraction, split: str, ch
     predict`` both call it, so they share the cache.
     """
     checkpoint = extraction.checkpoint
-    datamodule, images, key = checkpoint_split(data, checkpoint_sha256, split)
+    datamodule, images, key = checkpoint_split(data, checkpoint_sha256, split, extraction.weights)
     cache = FeatureCache(extraction.feature_cache_dir, key)
     if not extraction.refresh_features and cache.load() is not None:
         log(f"base features: reusing the cache {cache.path}")
         return cache.path
-    backbone, _ = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
-                                           expected_backbone=extraction.backbone)
+    if extraction.weights is not None:
+        backbone = load_timm_backbone(extraction.weights)
+    else:
+        backbone, _ = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
+                                               expected_backbone=extraction.backbone)
     log(f"base features: extracting the {split} split of {data.name} ({len(images)} images) for CL2N")
     feature_set = extract_split(BackboneFeatures(backbone), datamodule, split, extraction)
-    feature_set.metadata.update(source=f"{checkpoint} on {data.name}/{split}", checkpoint=str(checkpoint),
+    feature_set.metadata.update(source=f"{extraction.source()} on {data.name}/{split}", checkpoint=str(checkpoint),
                                 checkpoint_sha256=key.checkpoint_sha256)
-    feature_set.check_finite(f"base features of {data.name}/{split} from {checkpoint}")
+    feature_set.check_finite(f"base features of {data.name}/{split} from {extraction.source()}")
     return cache.store(feature_set)
 
 

@@ -3,7 +3,8 @@
 Evaluating many methods, shots and α values on the same checkpoint needs the backbone's features of the
 novel split once, not once per run. The cache key is everything that determines those features:
 
-* the SHA-256 of the checkpoint file's *content* (a retrained checkpoint at the same path is a new key),
+* the SHA-256 of the checkpoint file's *content* (a retrained checkpoint at the same path is a new key); for a
+  timm model (``checkpoint=timm:<name>``) that of its weights file, and the model's name,
 * the dataset, its root and reader options, the split,
 * the evaluation image transform (its ``repr``: size, resize, normalisation).
 
@@ -44,9 +45,18 @@ class FeatureCacheKey:
     options: str  # JSON of the reader options
     split: str
     transform: str  # repr of the evaluation transform
+    model: str = ""  # timm model name (checkpoint=timm:<name>); "" for a train_backbone.py checkpoint
+
+    def fields(self) -> dict[str, str]:
+        """The key as stored; ``model`` only when set, so the keys of checkpoint caches written before it existed
+        stay valid."""
+        values = asdict(self)
+        if not values["model"]:
+            del values["model"]
+        return values
 
     def digest(self) -> str:
-        text = json.dumps({"format": CACHE_FORMAT, **asdict(self)}, sort_keys=True)
+        text = json.dumps({"format": CACHE_FORMAT, **self.fields()}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -67,11 +77,11 @@ class FeatureCache:
         except FeatureError as exc:
             warnings.warn(f"ignoring unreadable feature cache {self.path} ({exc}); extracting again", stacklevel=2)
             return None
-        if cached.metadata.get("cache_key") != asdict(self.key):
+        if cached.metadata.get("cache_key") != self.key.fields():
             return None
         return cached
 
     def store(self, feature_set: FeatureSet) -> Path:
         """Write atomically, recording the key in the metadata."""
-        feature_set.metadata["cache_key"] = asdict(self.key)
+        feature_set.metadata["cache_key"] = self.key.fields()
         return save_features(feature_set, self.path)

@@ -19,7 +19,8 @@ from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, checkpoint_dat
 from lightning_putm.evaluation.sources import Extraction, base_split_features, read_base_statistics
 from lightning_putm.features.cache import file_sha256
 from lightning_putm.methods import build_method, method_uses_base_covariance, method_uses_base_mean
-from lightning_putm.prediction.images import checkpoint_image_reader, extract_features, read_folders
+from lightning_putm.models.timm_pretrained import find_weights, load_timm_backbone
+from lightning_putm.prediction.images import checkpoint_image_reader, extract_features, read_folders, timm_image_reader
 from lightning_putm.prediction.outputs import (estimated_counts, predict_task, summary_table, write_counts,
                                                write_predictions)
 from lightning_putm.prediction.settings import PredictResult, PredictSettings, load_predict_config, predict_settings
@@ -38,6 +39,11 @@ def base_statistics(settings: PredictSettings, dim: int,
     choice = settings.base_features
     if choice is None:
         return None, None, "L2N (base_features=null)"
+    if choice == "auto" and settings.timm_model is not None:
+        log(f"notice: {settings.method} uses plain L2 normalisation (L2N), not CL2N: a timm model records no training "
+            f"data; pass base_features=<feature file of base classes from timm:{settings.timm_model}> (evaluate.py "
+            f"checkpoint=timm:{settings.timm_model} base_features=split:train caches one in feature_cache_dir)")
+        return None, None, "L2N (a timm model records no base classes)"
     path = choice
     if choice == "auto" or choice.startswith(BASE_SPLIT_PREFIX):
         split = "train" if choice == "auto" else choice[len(BASE_SPLIT_PREFIX):]
@@ -71,12 +77,18 @@ def run_predict(overrides: Sequence[str], log: Callable[[str], None] = print) ->
         logging.getLogger(name).setLevel(logging.WARNING)  # "GPU available: ..." banners of the base-split extraction
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)
     images = read_folders(settings.support, settings.query)
-    backbone, hparams = load_checkpoint_backbone(settings.checkpoint)
-    reader = checkpoint_image_reader(hparams, str(settings.checkpoint))
+    if settings.timm_model is not None:
+        weights = find_weights(settings.timm_model, settings.pretrained_file)
+        backbone = load_timm_backbone(weights)
+        reader = timm_image_reader(settings.timm_model)
+        described = f"timm:{weights.model} (weights from {weights.origin})"
+    else:
+        backbone, hparams = load_checkpoint_backbone(settings.checkpoint)
+        reader = checkpoint_image_reader(hparams, str(settings.checkpoint))
+        described = f"{hparams.get('backbone')} backbone of {settings.checkpoint}"
     shots = images.shots()
     log(f"predict: {settings.method} on {images.ways} classes ({', '.join(images.class_names)}), support images per "
-        f"class {shots}, {len(images.query_paths)} query images | {hparams.get('backbone')} backbone of "
-        f"{settings.checkpoint}")
+        f"class {shots}, {len(images.query_paths)} query images | {described}")
     if images.ignored:
         names = ", ".join(str(p) for p in images.ignored[:5])
         log(f"notice: ignored {len(images.ignored)} file(s) whose extension is not an image's: {names}"

@@ -34,6 +34,7 @@ from lightning_putm.data.imagesplit import decode_image
 from lightning_putm.data.registry import dataset_info
 from lightning_putm.data.transforms import eval_transform
 from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.models.timm_pretrained import timm_transform
 
 #: Files with these extensions (any case) are images; everything else in the folders is ignored with a notice.
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -208,6 +209,21 @@ def checkpoint_image_reader(hparams: dict[str, Any], source: str = "the checkpoi
         raise DataError(f"{source} was trained on in-memory data={name}; reading image files for it is not supported")
     steps = ", ".join(" ".join(str(step).split()) for step in transform.transforms)
     return ImageReader(name, channels, decode, transform, f"{name} evaluation: {how}; then {steps}")
+
+
+class RGBFile:
+    """Decode a file as RGB (picklable, unlike a lambda)."""
+
+    def __call__(self, path: Path) -> Any:
+        return decode_image(path, "RGB")
+
+
+def timm_image_reader(name: str) -> ImageReader:
+    """The reader for ``checkpoint=timm:<name>``: any file decoded as RGB (grayscale repeated to three channels), then
+    the model's own evaluation preprocessing (its resize, centre crop and normalisation)."""
+    transform = timm_transform(name)
+    return ImageReader(f"timm:{name}", 3, RGBFile(), transform, f"timm:{name} preprocessing: RGB; then "
+                       f"{repr(transform)[len('TimmPreprocess(RGBImage(), '):-1]}")
 
 
 # ------------------------------------------------------------------------------------------------ features

@@ -21,6 +21,7 @@ from lightning_putm.evaluation.settings import (BASE_SPLIT_PREFIX, apply_presets
                                                 resolve_device)
 from lightning_putm.help import format_rows, help_width, paragraph, rows, usage, yaml_comments
 from lightning_putm.methods import available_methods, build_method
+from lightning_putm.models.timm_pretrained import check_model_name, timm_model_name
 from lightning_putm.prediction.images import PredictionImages
 from lightning_putm.validators import did_you_mean, integer, memory_budget
 
@@ -46,6 +47,8 @@ class PredictSettings:
     seed: int
     device: torch.device
     memory_budget_mb: float | str  # MB, or "auto" (free device memory on CUDA)
+    timm_model: str | None = None  # checkpoint=timm:<name>: a pretrained timm model
+    pretrained_file: Path | None = None  # its weights file (None: timm's hub cache or download)
 
 
 @dataclass
@@ -96,6 +99,17 @@ def _output_path(value: Any, key: str) -> Path:
 def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
     """Validate the merged config; every problem is a :class:`ConfigError` naming the key."""
     checkpoint, support, query = (_required_path(cfg, k) for k in ("checkpoint", "support", "query"))
+    timm_model = timm_model_name(cfg.checkpoint)
+    given = cfg.get("pretrained_file")
+    pretrained_file = None if given in (None, "", "null", "None") else Path(str(given)).expanduser()
+    if timm_model is None and pretrained_file is not None:
+        raise ConfigError(f"pretrained_file={given} is the weights file of a timm model: use it with "
+                          "checkpoint=timm:<model name>, or drop it")
+    if timm_model is not None:
+        check_model_name(timm_model)
+        if pretrained_file is not None and not pretrained_file.is_file():
+            raise ConfigError(f"pretrained_file={pretrained_file}: file not found; give the weights file of "
+                              f"timm:{timm_model}, or drop it to use timm's hub cache")
     check_method_params(cfg, [method])
     params = method_arguments(to_container(cfg.method[method]))
     build_method(method, params, shots=1, balanced=False)  # a bad method.<name>.* value fails now
@@ -106,6 +120,10 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
         raise ConfigError(f"`counts_output` and `output` are the same file ({output}); give two names")
     base = cfg.base_features
     base = None if base in (None, "", "null") else str(base)
+    if timm_model is not None and base is not None and base.startswith(BASE_SPLIT_PREFIX):
+        raise ConfigError(f"base_features={base}: a timm model records no training data to extract; give a feature "
+                          f"file of base classes from timm:{timm_model} (evaluate.py checkpoint=timm:{timm_model} "
+                          "base_features=split:train caches one in feature_cache_dir), auto or null")
     if base is not None and base != "auto" and not base.startswith(BASE_SPLIT_PREFIX) and not Path(base).is_file():
         raise ConfigError(f"base_features: file not found: {base}; give auto, split:train, a feature file of the base "
                           "classes from the same backbone, or null")
@@ -115,7 +133,7 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
         data_root=None if cfg.data_root in (None, "") else str(cfg.data_root),
         feature_cache_dir=Path(str(cfg.feature_cache_dir)), batch_size=integer(cfg.batch_size, "batch_size", 1),
         seed=integer(cfg.seed, "seed", 0), device=resolve_device(str(cfg.device)),
-        memory_budget_mb=memory_budget(cfg.memory_budget_mb),
+        memory_budget_mb=memory_budget(cfg.memory_budget_mb), timm_model=timm_model, pretrained_file=pretrained_file,
     )
 
 
