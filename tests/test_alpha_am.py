@@ -27,13 +27,8 @@ from lightning_putm.tasks import TaskBatch
 REFERENCE_ENV = "LIGHTNING_PUTM_AM_REFERENCE"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tasks: one torch thread avoids two threads spinning against other processes. Restored after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: Tiny tasks: one torch thread (conftest's ``single_thread``) avoids two threads spinning on a shared machine.
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def tasks_of(counts: list[list[int]], shots: int = 1, dim: int = 12, seed: int = 0) -> tuple[TaskBatch, torch.Tensor]:

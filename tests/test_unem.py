@@ -21,13 +21,8 @@ from lightning_putm.methods.unem_presets import PUBLISHED
 from lightning_putm.tasks import TaskBatch
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tasks: one torch thread is faster on the shared 2-core machine. Restored after each test."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: Tiny tasks: one torch thread (conftest's ``single_thread``) avoids two threads spinning on a shared machine.
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def softplus_inverse(y: float) -> float:

@@ -175,18 +175,7 @@ def load_checkpoint_backbone(path: str | Path, in_channels: int | None = None,
     if not path.is_file():
         raise DataError(f"checkpoint not found: {path}; pass checkpoint=PATH to a .ckpt written by "
                         "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
-    try:
-        module = load_module(path)
-    except DataError:
-        raise
-    except RuntimeError as exc:  # load_state_dict: missing/unexpected keys or shape mismatch
-        first = str(exc).strip().splitlines()
-        raise DataError(f"{path}: its weights do not match the backbone it records ({' '.join(first[:2])[:300]}); "
-                        "the file was edited or comes from another backbone — use a checkpoint written by "
-                        "train_backbone.py") from exc
-    except (TypeError, ValueError, KeyError) as exc:
-        raise DataError(f"{path}: cannot rebuild the model from its hyper-parameters ({exc}); pass a checkpoint "
-                        "written by train_backbone.py") from exc
+    module = load_module(path)  # every problem with the file is already a DataError naming it
     hparams = dict(module.hparams)
     backbone_name = str(hparams.get("backbone"))
     if expected_backbone not in (None, "auto") and expected_backbone != backbone_name:
