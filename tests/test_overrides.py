@@ -123,7 +123,7 @@ def test_predict_and_evaluate_share_the_base_split_cache(tiny_checkpoint: Path, 
     from lightning_putm.evaluation.settings import settings_from_config
     from lightning_putm.evaluation.sources import Extraction, base_split_features
     from lightning_putm.features.cache import file_sha256
-    from lightning_putm.jobs.predict import checkpoint_base_split
+    from lightning_putm.prediction.checkpoint_splits import checkpoint_split
     from lightning_putm.prediction.settings import PredictSettings
 
     cache = tmp_path / "cache"
@@ -138,5 +138,5 @@ def test_predict_and_evaluate_share_the_base_split_cache(tiny_checkpoint: Path, 
                                base_features="auto", data_root=None, feature_cache_dir=cache, batch_size=8, seed=0,
                                device=torch.device("cpu"), memory_budget_mb=64.0)
     lines.clear()
-    predicted = checkpoint_base_split(settings, "train", lines.append)
+    predicted = checkpoint_split(settings, "train", lines.append)
     assert predicted == evaluated and lines == [f"base features: reusing the cache {evaluated}"]

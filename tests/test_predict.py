@@ -18,6 +18,7 @@ from PIL import Image
 from conftest import omniglot_skip_reason, real_omniglot_root
 from lightning_putm.data.omniglot import load_character
 from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.methods.calibration import scale_probabilities, soft_counts
 from lightning_putm.prediction.images import checkpoint_image_reader, omniglot_pixels, read_folders
 from lightning_putm.pretraining.checkpoints import load_checkpoint_backbone
 
@@ -25,6 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 OMNIGLOT = real_omniglot_root() / "omniglot-py"
 TRAIN_CHARACTERS = [f"images_background/Alphabet_of_the_Magi/character{i:02d}" for i in range(1, 9)]
 NOVEL_CHARACTERS = [f"images_evaluation/Angelic/character{i:02d}" for i in range(1, 5)]
+VAL_CHARACTERS = [f"images_background/Alphabet_of_the_Magi/character{i:02d}" for i in range(9, 15)]
 SHOTS = {0: 1, 1: 2, 2: 1, 3: 3}  # unequal shots per class on purpose
 QUERIES_PER_CLASS = {0: 6, 1: 2, 2: 4, 3: 3}  # imbalanced queries
 
@@ -36,19 +38,20 @@ def _skip_without_omniglot() -> None:
 
 @pytest.fixture(scope="session")
 def omniglot_checkpoint(tmp_path_factory) -> Path:
-    """A width-8 Conv-4 trained one epoch (classifier stage) on 8 real Omniglot characters, rotation 0 only."""
+    """A width-8 Conv-4 trained one epoch (classifier stage) on 8 real Omniglot characters, rotation 0 only; 6 more
+    characters are its validation split (for calibration)."""
     _skip_without_omniglot()
     from lightning_putm.jobs.train import run_train_backbone
 
     root = tmp_path_factory.mktemp("omniglot_root")
-    for character in TRAIN_CHARACTERS + NOVEL_CHARACTERS:
+    for character in TRAIN_CHARACTERS + VAL_CHARACTERS + NOVEL_CHARACTERS:
         shutil.copytree(OMNIGLOT / character, root / "omniglot-py" / character)
     for name in ("images_background", "images_evaluation"):
         (root / "omniglot-py" / name).mkdir(parents=True, exist_ok=True)
     splits = root / "splits" / "tiny"
     splits.mkdir(parents=True)
     (splits / "train.txt").write_text("\n".join(TRAIN_CHARACTERS) + "\n")
-    (splits / "val.txt").write_text("")
+    (splits / "val.txt").write_text("\n".join(VAL_CHARACTERS) + "\n")  # for calibration
     (splits / "test.txt").write_text("\n".join(NOVEL_CHARACTERS) + "\n")
     folder = tmp_path_factory.mktemp("omniglot_checkpoint")
     threads = torch.get_num_threads()
@@ -57,7 +60,7 @@ def omniglot_checkpoint(tmp_path_factory) -> Path:
         run_train_backbone(["data=omniglot", f"data.root={root}", "data.options.scheme=tiny",
                             "data.options.rotations=[0]", "data.batch_size=32", "logger=none",
                             "trainer.enable_progress_bar=false", "trainer.accelerator=cpu", "backbone.width=8",
-                            "stages=[classifier]", "trainer.max_epochs=1", "run_test=false",
+                            "stages=[classifier]", "trainer.max_epochs=1", "run_test=false", "val_episodes.tasks=5",
                             f"checkpoint_dir={folder}"], log=lambda _: None)
     finally:
         torch.set_num_threads(threads)
@@ -96,7 +99,8 @@ def _predict(checkpoint: Path, support: Path, query: Path, tmp_path: Path, *extr
     lines: list[str] = []
     result = run_predict([f"checkpoint={checkpoint}", f"support={support}", f"query={query}",
                           f"output={tmp_path / 'out' / 'predictions.csv'}", f"feature_cache_dir={tmp_path / 'cache'}",
-                          "device=cpu", "method.putm.em_steps=5", "method.putm.inner_steps=5", *extra],
+                          "device=cpu", "method.putm.em_steps=5", "method.putm.inner_steps=5", "calibration_tasks=40",
+                          *extra],
                          log=lines.append)
     return result, lines
 
@@ -150,7 +154,10 @@ def test_copies_of_support_images_are_predicted_as_their_class(omniglot_checkpoi
             expected[f"copy{copy}_of_{name}.png"] = name
     for method, extra in (("putm", ("method.putm.em_steps=50", "method.putm.inner_steps=30")),
                           ("simpleshot", ()), ("ptmap", ())):
-        result, _ = _predict(omniglot_checkpoint, support, query, tmp_path, f"method={method}", *extra)
+        # calibration=null: the navigator's own estimate (a temperature fitted on this weak backbone's validation
+        # tasks flattens every row, these exact copies too)
+        result, _ = _predict(omniglot_checkpoint, support, query, tmp_path, f"method={method}", "calibration=null",
+                             *extra)
         assert {r["file"]: r["predicted_class"] for r in _rows(result.output)} == expected, method
         if method == "putm":  # its count estimate is right too: 1, 2, 3, 4
             assert result.counts.tolist() == pytest.approx([1, 2, 3, 4], abs=0.5)
@@ -207,6 +214,76 @@ def test_cl2n_uses_the_checkpoints_base_classes_or_says_it_falls_back(omniglot_c
     with pytest.raises(DataError, match="omniglot"):  # split:train insists
         _predict(omniglot_checkpoint, support, query, tmp_path, "method=simpleshot", f"data_root={empty}",
                  "base_features=split:train")
+
+
+def test_probabilities_are_calibrated_on_the_checkpoints_validation_classes(omniglot_checkpoint: Path, folders,
+                                                                           tmp_path: Path, single_thread) -> None:
+    """auto: a temperature fitted on tasks from the 6 validation characters (cached), applied to every query; the
+    predicted classes stay the method's own; the counts are soft sums with a 95% interval."""
+    support, query, truth = folders
+    result, lines = _predict(omniglot_checkpoint, support, query, tmp_path, "method=protonet")
+    fitted = result.calibration
+    assert fitted is not None and fitted.tasks == 40 and fitted.temperature != 1.0
+    assert any(line.startswith("calibration features: extracting the val split of omniglot (120 images)")
+               for line in lines)
+    assert any(line.startswith("probabilities: calibrated, temperature") for line in lines)
+    assert torch.allclose(result.probabilities, scale_probabilities(result.raw_probabilities, fitted.temperature))
+    rows = _rows(result.output)
+    classes = sorted(p.name for p in support.iterdir())
+    raw_predicted = result.raw_probabilities.argmax(1)
+    by_file = dict(zip(result.images.query_names(), raw_predicted.tolist()))
+    for row in rows:
+        assert row["predicted_class"] == classes[by_file[row["file"]]]
+        assert float(row["probability"]) == pytest.approx(
+            float(result.probabilities[result.images.query_names().index(row["file"])].max()), abs=1e-6)
+    counts = _rows(result.counts_output)
+    expected = soft_counts(result.probabilities)
+    for k, row in enumerate(counts):
+        low, estimate, high = (float(row[c]) for c in ("estimated_low", "estimated_queries", "estimated_high"))
+        assert low <= estimate <= high and 0 <= low and high <= len(truth)
+        assert (low, estimate, high) == pytest.approx((float(expected.low[k]), float(expected.estimate[k]),
+                                                       float(expected.high[k])), abs=1e-3)
+    again, lines = _predict(omniglot_checkpoint, support, query, tmp_path, "method=protonet")
+    assert any(line.startswith("calibration: reusing") for line in lines)
+    assert again.calibration == fitted and torch.equal(again.probabilities, result.probabilities)
+    other, lines = _predict(omniglot_checkpoint, support, query, tmp_path, "method=putm")  # another method: refitted
+    assert not any(line.startswith("calibration: reusing") for line in lines)
+    assert other.calibration is not None and other.calibration.temperature != fitted.temperature
+
+
+def test_calibration_can_be_given_turned_off_or_fall_back_with_a_notice(omniglot_checkpoint: Path, folders,
+                                                                       tmp_path: Path, single_thread) -> None:
+    support, query, _ = folders
+    raw, _ = _predict(omniglot_checkpoint, support, query, tmp_path, "method=protonet", "calibration=null")
+    assert raw.calibration is None and torch.equal(raw.probabilities, raw.raw_probabilities)
+    given, lines = _predict(omniglot_checkpoint, support, query, tmp_path, "method=protonet", "calibration=2.5")
+    assert torch.allclose(given.probabilities, scale_probabilities(raw.raw_probabilities, 2.5))
+    assert any("scaled by the given temperature 2.5" in line for line in lines)
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    missing, lines = _predict(omniglot_checkpoint, support, query, tmp_path, "method=protonet", f"data_root={empty}")
+    assert missing.calibration is None and torch.equal(missing.probabilities, missing.raw_probabilities)
+    assert any(line.startswith("notice: probabilities are the method's own (uncalibrated): the checkpoint's val split")
+               for line in lines)
+    with pytest.raises(DataError, match="omniglot"):  # split:val insists
+        _predict(omniglot_checkpoint, support, query, tmp_path, "method=protonet", f"data_root={empty}",
+                 "calibration=split:val")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("0", r"calibration=0: a temperature must be a number > 0"),
+    ("-2", r"calibration=-2: a temperature must be a number > 0"),
+    ("true", r"calibration=True: give auto"),
+    ("nowhere.pt", r"calibration: file not found: nowhere.pt"),
+    ("-1x", r"calibration: file not found: -1x"),
+])
+def test_bad_calibration_values_stop_before_anything_is_written(tmp_path: Path, value: str, message: str) -> None:
+    from lightning_putm.jobs.predict import run_predict
+
+    with pytest.raises(ConfigError, match=message):
+        run_predict([f"checkpoint={tmp_path / 'x.ckpt'}", f"support={tmp_path}", f"query={tmp_path}",
+                     f"output={tmp_path / 'out' / 'p.csv'}", f"calibration={value}"])
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -21,7 +21,8 @@ from PIL import Image
 from lightning_putm.data.registry import read_split
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.features.cache import file_sha256
-from lightning_putm.features.files import load_features
+from lightning_putm.methods.calibration import scale_probabilities
+from lightning_putm.features.files import FeatureSet, load_features, save_features
 from lightning_putm.jobs.evaluate import run_evaluate
 from lightning_putm.jobs.predict import run_predict
 
@@ -198,6 +199,30 @@ def test_predict_with_a_timm_model_labels_grayscale_folders(weights, tmp_path):
     assert any(f"timm:{MODEL} (weights from pretrained_file={weights['b']})" in line for line in lines)
     assert any(f"timm:{MODEL} preprocessing: RGB" in line for line in lines)
     assert result.normalisation.startswith("L2N") and any("notice" in line and "timm" in line for line in lines)
+
+
+def test_predict_with_a_timm_model_calibrates_on_a_given_feature_file_or_says_it_cannot(weights, tmp_path):
+    """auto: a timm model records no validation classes, so the probabilities stay raw and a notice says how to
+    calibrate; calibration=<labelled feature file> fits the temperature on it."""
+    support, query = digit_folders(tmp_path)
+    args = [f"checkpoint=timm:{MODEL}", f"pretrained_file={weights['b']}", f"support={support}", f"query={query}",
+            f"output={tmp_path / 'out' / 'p.csv'}", f"feature_cache_dir={tmp_path / 'cache'}", "method=protonet"]
+    lines: list[str] = []
+    raw = run_predict(args, log=lines.append)
+    assert raw.calibration is None and torch.equal(raw.probabilities, raw.raw_probabilities)
+    assert any(line.startswith("notice: probabilities are the method's own (uncalibrated): a timm model") and
+               "calibration=<feature file" in line for line in lines)
+    generator = torch.Generator().manual_seed(0)
+    centres = torch.rand(6, 256, generator=generator)
+    labelled = FeatureSet(centres.repeat_interleave(10, 0) + 0.3 * torch.rand(60, 256, generator=generator),
+                          torch.arange(6).repeat_interleave(10), [f"c{i}" for i in range(6)])
+    path = save_features(labelled, tmp_path / "labelled.pt")
+    lines.clear()
+    fitted = run_predict(args + [f"calibration={path}", "calibration_tasks=20"], log=lines.append)
+    assert fitted.calibration is not None and fitted.calibration.tasks == 20
+    assert torch.allclose(fitted.probabilities, scale_probabilities(raw.raw_probabilities,
+                                                                    fitted.calibration.temperature))
+    assert any(line.startswith("calibration: protonet on 20 labelled tasks of labelled.pt") for line in lines)
 
 
 def test_predict_refuses_a_base_split_for_a_timm_model_before_writing(weights, tmp_path):

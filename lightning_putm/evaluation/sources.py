@@ -219,26 +219,27 @@ def checkpoint_split(data: DictConfig, checkpoint_sha256: str, split: str,
 
 
 def base_split_features(data: DictConfig, extraction: Extraction, split: str, checkpoint_sha256: str,
-                        log: Callable[[str], None] = print) -> Path:
+                        log: Callable[[str], None] = print, purpose: str = "base features", use: str = "for CL2N") -> Path:
     """Features of the base classes (``split`` of ``data``) from the checkpoint's backbone, for CL2N.
 
     SimpleShot (Wang et al. 2019) centres features on the mean of the base classes the backbone was trained on;
     this extracts that split once, through the same ``Trainer.test`` loop as the evaluated split, into the
     feature cache under the same key rules, and returns the cache file. ``evaluate.py`` and ``evaluate.py
-    predict`` both call it, so they share the cache.
+    predict`` both call it, so they share the cache (``predict`` also reads the validation split with it, to
+    calibrate its probabilities: ``purpose`` and ``use`` say why in the console lines).
     """
     checkpoint = extraction.checkpoint
     datamodule, images, key = checkpoint_split(data, checkpoint_sha256, split, extraction.weights)
     cache = FeatureCache(extraction.feature_cache_dir, key)
     if not extraction.refresh_features and cache.load() is not None:
-        log(f"base features: reusing the cache {cache.path}")
+        log(f"{purpose}: reusing the cache {cache.path}")
         return cache.path
     if extraction.weights is not None:
         backbone = load_timm_backbone(extraction.weights)
     else:
         backbone, _ = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
                                                expected_backbone=extraction.backbone)
-    log(f"base features: extracting the {split} split of {data.name} ({len(images)} images) for CL2N")
+    log(f"{purpose}: extracting the {split} split of {data.name} ({len(images)} images) {use}")
     feature_set = extract_split(BackboneFeatures(backbone), datamodule, split, extraction)
     feature_set.metadata.update(source=f"{extraction.source()} on {data.name}/{split}", checkpoint=str(checkpoint),
                                 checkpoint_sha256=key.checkpoint_sha256)

@@ -7,6 +7,7 @@ every image are checked before anything is written. Only then are the base-class
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -17,6 +18,7 @@ from omegaconf import DictConfig
 from lightning_putm.config import (Override, Overrides, apply_overrides, conf_dir, group_options, load_group,
                                    load_yaml, to_container)
 from lightning_putm.errors import ConfigError
+from lightning_putm.evaluation.calibration import Calibration
 from lightning_putm.evaluation.settings import (BASE_SPLIT_PREFIX, apply_presets, check_method_params, method_arguments,
                                                 resolve_device)
 from lightning_putm.help import format_rows, help_width, paragraph, rows, usage, yaml_comments
@@ -49,6 +51,8 @@ class PredictSettings:
     memory_budget_mb: float | str  # MB, or "auto" (free device memory on CUDA)
     timm_model: str | None = None  # checkpoint=timm:<name>: a pretrained timm model
     pretrained_file: Path | None = None  # its weights file (None: timm's hub cache or download)
+    calibration: str | float | None = "auto"  # "auto", "split:<name>", a feature file, a temperature, None (raw)
+    calibration_tasks: int = 200
 
 
 @dataclass
@@ -57,10 +61,12 @@ class PredictResult:
 
     images: PredictionImages
     probabilities: torch.Tensor  # [Q, N]
-    counts: torch.Tensor  # [N] estimated queries per class
+    counts: torch.Tensor  # [N] estimated queries per class (sums of the calibrated probabilities)
     output: Path
     counts_output: Path
     normalisation: str  # CL2N (with what) or L2N, for methods that use a base mean; "" for the others
+    raw_probabilities: torch.Tensor | None = None  # [Q, N] the method's own, before calibration
+    calibration: Calibration | None = None  # the temperature applied (None: raw probabilities)
 
 
 def load_predict_config(overrides: Iterable[str | Override]) -> tuple[DictConfig, str]:
@@ -127,6 +133,7 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
     if base is not None and base != "auto" and not base.startswith(BASE_SPLIT_PREFIX) and not Path(base).is_file():
         raise ConfigError(f"base_features: file not found: {base}; give auto, split:train, a feature file of the base "
                           "classes from the same backbone, or null")
+    calibration = calibration_choice(cfg.get("calibration", "auto"), timm_model)
     return PredictSettings(
         checkpoint=checkpoint, support=support, query=query, method=method, method_params=params, output=output,
         counts_output=counts_output, base_features=base,
@@ -134,7 +141,29 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
         feature_cache_dir=Path(str(cfg.feature_cache_dir)), batch_size=integer(cfg.batch_size, "batch_size", 1),
         seed=integer(cfg.seed, "seed", 0), device=resolve_device(str(cfg.device)),
         memory_budget_mb=memory_budget(cfg.memory_budget_mb), timm_model=timm_model, pretrained_file=pretrained_file,
+        calibration=calibration, calibration_tasks=integer(cfg.get("calibration_tasks", 200), "calibration_tasks", 1),
     )
+
+
+def calibration_choice(value: Any, timm_model: str | None) -> str | float | None:
+    """``calibration``: ``auto``, ``split:<name>``, a labelled feature file, a temperature > 0, or null (raw)."""
+    if value is None or str(value).strip() in ("", "null", "None", "none"):
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"calibration={value}: give auto, split:val, a feature file, a temperature or null")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(float(value)) or float(value) <= 0:
+            raise ConfigError(f"calibration={value}: a temperature must be a number > 0 (1 keeps the method's own "
+                              "probabilities); or give auto, split:val, a feature file or null")
+        return float(value)
+    text = str(value)
+    if text.startswith(BASE_SPLIT_PREFIX) and timm_model is not None:
+        raise ConfigError(f"calibration={text}: a timm model records no data to extract; give a feature file of "
+                          f"labelled classes from timm:{timm_model}, a temperature, auto or null")
+    if text != "auto" and not text.startswith(BASE_SPLIT_PREFIX) and not Path(text).expanduser().is_file():
+        raise ConfigError(f"calibration: file not found: {text}; give auto, split:val, a feature file of labelled "
+                          "classes outside your task (same backbone), a temperature (e.g. 2.5) or null")
+    return text if text == "auto" or text.startswith(BASE_SPLIT_PREFIX) else str(Path(text).expanduser())
 
 
 def predict_help(summary: str) -> str:

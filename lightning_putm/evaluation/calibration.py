@@ -1,0 +1,86 @@
+"""Fitting each method's probability temperature on labelled tasks from validation classes.
+
+The calibration itself (temperature scaling, ECE, soft counts) is tensor math in
+:mod:`lightning_putm.methods.calibration`; this module draws the labelled tasks from a feature set, runs a method
+on them and fits the temperature, for ``evaluate.py predict`` and ``benchmarks/calibration.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from lightning_putm.data.episodes import TaskTensors, sample_episode_bank
+from lightning_putm.errors import DataError
+from lightning_putm.features.files import FeatureSet
+from lightning_putm.methods.base import FewShotMethod
+from lightning_putm.methods.calibration import expected_calibration_error, fit_temperature, scale_probabilities
+from lightning_putm.tasks import TaskBatch
+
+#: Dirichlet concentration of the calibration tasks: the imbalanced protocol's default, since a user's query
+#: proportions are unknown.
+CALIBRATION_ALPHA = 2.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A fitted temperature and what it was fitted on (for the console and the cache)."""
+
+    temperature: float
+    tasks: int
+    queries: int
+    accuracy: float  # on the calibration tasks, %
+    ece_before: float
+    ece_after: float
+
+    def describe(self) -> str:
+        return (f"temperature {self.temperature:.4g} fitted on {self.tasks} validation tasks of {self.queries} "
+                f"queries (accuracy {self.accuracy:.1f}%, ECE {self.ece_before:.3f} → {self.ece_after:.3f})")
+
+
+def draw_calibration_tasks(feature_set: FeatureSet, ways: int, shots: int, queries: int, tasks: int, seed: int,
+                           alpha: float = CALIBRATION_ALPHA) -> tuple[TaskTensors, int]:
+    """Labelled tasks from ``feature_set`` shaped like the user's: ``ways`` classes, ``shots`` each, up to
+    ``queries`` queries. Validation classes may hold fewer images than the user's query set needs, so the query
+    count halves until tasks can be drawn (a class needs ``shots`` images plus its share of the queries)."""
+    sizes = torch.bincount(feature_set.labels, minlength=len(feature_set.class_names))
+    largest = int(sizes.max()) if sizes.numel() else 0
+    count = max(1, min(queries, ways * max(1, largest - shots) // 2))
+    while True:
+        try:
+            bank = sample_episode_bank(feature_set.labels, ways, shots, count, alpha, tasks, seed)
+            return bank.gather(feature_set.features), count
+        except DataError:
+            if count <= ways:
+                raise
+            count = max(ways, count // 2)
+
+
+def predict_in_chunks(method: FewShotMethod, batch: TaskBatch, chunk: int = 25, progress: bool = False,
+                      description: str = "calibration tasks") -> torch.Tensor:
+    """``method.predict`` over ``batch`` in chunks of ``chunk`` tasks, with a progress bar on a terminal.
+
+    Every task is solved on its own (the method interface's contract), so chunking never changes a result.
+    """
+    parts = []
+    with tqdm(total=batch.num_tasks, desc=description, unit="task", disable=None if progress else True,
+              leave=False) as bar:
+        for start in range(0, batch.num_tasks, chunk):
+            part = batch.slice(start, min(start + chunk, batch.num_tasks))
+            parts.append(method.predict(part).detach().double().cpu())
+            bar.update(part.num_tasks)
+    return torch.cat(parts)
+
+
+def fit_calibration(method: FewShotMethod, feature_set: FeatureSet, ways: int, shots: int, queries: int,
+                    tasks: int, seed: int, device: torch.device | str = "cpu", progress: bool = False) -> Calibration:
+    """Run ``method`` on ``tasks`` labelled validation tasks and fit its temperature on their queries."""
+    drawn, count = draw_calibration_tasks(feature_set, ways, shots, queries, tasks, seed)
+    probabilities = predict_in_chunks(method, drawn.batch.to(device), progress=progress)
+    labels = drawn.query_labels.cpu()
+    temperature = fit_temperature(probabilities, labels)
+    accuracy = 100.0 * float((probabilities.argmax(-1) == labels).double().mean())
+    return Calibration(temperature, tasks, count, accuracy, expected_calibration_error(probabilities, labels),
+                       expected_calibration_error(scale_probabilities(probabilities, temperature), labels))

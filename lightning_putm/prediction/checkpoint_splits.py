@@ -1,0 +1,140 @@
+"""What ``evaluate.py predict`` reads besides the user's images: splits of the checkpoint's own data.
+
+Two of them, both extracted once through ``evaluate.py``'s extraction and feature cache:
+
+* the base classes (``train``), whose feature mean centres CL2N for SimpleShot, BD-CSPN, LaplacianShot and
+  BAVARDAGE (Wang et al. 2019);
+* the validation classes (``val``), on which each method's probability temperature is fitted
+  (:mod:`~lightning_putm.evaluation.calibration`), so that a ``probability`` of 0.9 is right about 9 times in 10.
+
+Either may be missing here (data moved, a timm model that records no data); ``auto`` then falls back with a
+notice that says how to get the real thing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from lightning_putm.atomic import atomic_write_text
+from lightning_putm.errors import LightningPutmError
+from lightning_putm.evaluation.calibration import Calibration, fit_calibration
+from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, checkpoint_data
+from lightning_putm.evaluation.sources import Extraction, base_split_features, read_base_statistics
+from lightning_putm.features.cache import file_sha256
+from lightning_putm.features.files import load_features
+from lightning_putm.methods import method_uses_base_covariance, method_uses_base_mean
+from lightning_putm.methods.base import FewShotMethod
+from lightning_putm.prediction.settings import PredictSettings
+
+#: Bump when a change to the calibration tasks or the fit changes the temperature a cache entry holds.
+CALIBRATION_CACHE_VERSION = 1
+
+
+def checkpoint_split(settings: PredictSettings, split: str, log: Callable[[str], None],
+                     purpose: str = "base features", use: str = "for CL2N") -> Path:
+    """Features of ``split`` of the checkpoint's own data, through ``evaluate.py``'s extraction and cache."""
+    accelerator = {"cpu": "cpu", "cuda": "gpu"}[settings.device.type]
+    extraction = Extraction(settings.checkpoint, settings.feature_cache_dir, trainer={"accelerator": accelerator},
+                            output_dir=settings.feature_cache_dir)
+    return base_split_features(checkpoint_data(settings.checkpoint, settings.data_root), extraction, split,
+                               file_sha256(settings.checkpoint), log, purpose=purpose, use=use)
+
+
+def base_statistics(settings: PredictSettings, dim: int,
+                    log: Callable[[str], None]) -> tuple[torch.Tensor | None, torch.Tensor | None, str]:
+    """The base-class mean (and BAVARDAGE's scatter) for CL2N, the way ``evaluate.py`` gets them, and a note.
+
+    ``auto`` extracts the train split of the data the checkpoint records (cached); when that data cannot be read
+    here, the method uses L2N and the note says so. ``split:<name>`` insists (its failure is an error).
+    """
+    if not method_uses_base_mean(settings.method):
+        return None, None, ""
+    choice = settings.base_features
+    if choice is None:
+        return None, None, "L2N (base_features=null)"
+    if choice == "auto" and settings.timm_model is not None:
+        log(f"notice: {settings.method} uses plain L2 normalisation (L2N), not CL2N: a timm model records no training "
+            f"data; pass base_features=<feature file of base classes from timm:{settings.timm_model}> (evaluate.py "
+            f"checkpoint=timm:{settings.timm_model} base_features=split:train caches one in feature_cache_dir)")
+        return None, None, "L2N (a timm model records no base classes)"
+    path = choice
+    if choice == "auto" or choice.startswith(BASE_SPLIT_PREFIX):
+        split = "train" if choice == "auto" else choice[len(BASE_SPLIT_PREFIX):]
+        try:
+            path = str(checkpoint_split(settings, split, log))
+        except LightningPutmError as exc:
+            if choice != "auto":
+                raise
+            note = (f"notice: {settings.method} uses plain L2 normalisation (L2N), not CL2N: the checkpoint's "
+                    f"training data cannot be read here ({exc}); pass data_root=<folder> to use its base-class mean")
+            log(note)
+            return None, None, "L2N (training data not found)"
+    statistics, rows = read_base_statistics(path, dim, method_uses_base_covariance(settings.method))
+    return statistics.mean, statistics.covariance, f"CL2N (mean of {rows} base-class rows: {path})"
+
+
+def calibration_features(settings: PredictSettings, log: Callable[[str], None]) -> Path | None:
+    """The labelled feature file the temperature is fitted on; ``None`` (with a notice) where ``auto`` finds none."""
+    choice = str(settings.calibration)
+    if not (choice == "auto" or choice.startswith(BASE_SPLIT_PREFIX)):
+        return Path(choice)
+    if choice == "auto" and settings.timm_model is not None:
+        log(f"notice: probabilities are the method's own (uncalibrated): a timm model records no validation classes; "
+            f"pass calibration=<feature file of labelled classes outside your task, from timm:{settings.timm_model}> "
+            f"(evaluate.py checkpoint=timm:{settings.timm_model} caches one per split in feature_cache_dir)")
+        return None
+    split = "val" if choice == "auto" else choice[len(BASE_SPLIT_PREFIX):]
+    try:
+        return checkpoint_split(settings, split, log, purpose="calibration features", use="to calibrate")
+    except LightningPutmError as exc:
+        if choice != "auto":
+            raise
+        log(f"notice: probabilities are the method's own (uncalibrated): the checkpoint's {split} split cannot be "
+            f"read here ({exc}); pass data_root=<folder>, calibration=<labelled feature file> or calibration=<T>")
+        return None
+
+
+def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: int, shots: int, queries: int,
+                        normalisation: str, log: Callable[[str], None]) -> Calibration | None:
+    """The temperature for this task: given, fitted on validation tasks (cached), or ``None`` (raw probabilities).
+
+    The fit depends on the features, the method and its settings, the task's shape and the seed; all of them
+    make the cache key, so a changed setting never reuses a stale temperature.
+    """
+    if settings.calibration is None:
+        return None
+    if isinstance(settings.calibration, float):
+        return Calibration(settings.calibration, 0, 0, float("nan"), float("nan"), float("nan"))
+    path = calibration_features(settings, log)
+    if path is None:
+        return None
+    key = {"version": CALIBRATION_CACHE_VERSION, "features": file_sha256(path), "method": settings.method,
+           "params": settings.method_params, "normalisation": normalisation, "ways": ways, "shots": shots,
+           "queries": queries, "tasks": settings.calibration_tasks, "seed": settings.seed}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+    cache = settings.feature_cache_dir / "calibration" / f"{settings.method}-{digest[:16]}.json"
+    if cache.is_file():
+        try:
+            stored = json.loads(cache.read_text())
+            if stored.get("key") == json.loads(json.dumps(key, sort_keys=True, default=str)):
+                log(f"calibration: reusing {cache}")
+                return Calibration(**stored["calibration"])
+        except (OSError, ValueError, TypeError, KeyError):
+            pass  # an unreadable entry is refitted and rewritten
+    feature_set = load_features(path)
+    if ways > len(feature_set.class_names):
+        log(f"notice: probabilities are the method's own (uncalibrated): {path} has {len(feature_set.class_names)} "
+            f"classes but the task has {ways}; pass calibration=<feature file with at least {ways} classes>")
+        return None
+    log(f"calibration: {settings.method} on {settings.calibration_tasks} labelled tasks of {path.name} "
+        f"({ways} classes × {shots} shots)")
+    calibration = fit_calibration(method, feature_set, ways, shots, queries, settings.calibration_tasks, settings.seed,
+                                  settings.device, progress=True)
+    atomic_write_text(cache, json.dumps({"key": key, "calibration": calibration.__dict__}, sort_keys=True,
+                                        default=str, indent=1))
+    return calibration
