@@ -129,6 +129,22 @@ def test_feature_cache_is_reused_and_rebuilt_when_the_checkpoint_changes(checkpo
     assert not torch.equal(other.features, extracted.features)
 
 
+def test_features_extracted_in_bf16_have_their_own_cache_entry(checkpoint, tmp_path):
+    """trainer.precision=bf16-mixed gives other features than fp32, so it must not reuse (or overwrite) the fp32
+    entry; full precision keeps the key an older cache wrote (no precision field)."""
+    args = ["alphas=[2]", "logger=none", "plots=false"]
+    evaluate(checkpoint, tmp_path, *args)
+    [full] = list((tmp_path / "cache").glob("*.pt"))
+    assert "precision" not in load_features(full).metadata["cache_key"]
+    _, lines = evaluate(checkpoint, tmp_path, *args, "trainer.precision=bf16-mixed")
+    assert any("extracting" in line for line in lines) and not any("reusing the cache" in line for line in lines)
+    [half] = [f for f in (tmp_path / "cache").glob("*.pt") if f != full]
+    assert load_features(half).metadata["cache_key"]["precision"] == "bf16-mixed"
+    assert not torch.equal(load_features(half).features, load_features(full).features)
+    _, lines = evaluate(checkpoint, tmp_path, *args, "trainer.precision=32-true")  # the same key as unset
+    assert any("reusing the cache" in line for line in lines)
+
+
 def test_a_corrupt_cache_file_is_rebuilt(checkpoint, tmp_path):
     args = ["alphas=[2]", "logger=none", "plots=false"]
     evaluate(checkpoint, tmp_path, *args)

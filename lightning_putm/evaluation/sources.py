@@ -29,7 +29,7 @@ from lightning_putm.data.transforms import eval_transform
 from lightning_putm.errors import FeatureError
 from lightning_putm.evaluation.progress import extraction_bar
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, EvaluationSettings
-from lightning_putm.features.cache import FeatureCache, FeatureCacheKey, file_sha256
+from lightning_putm.features.cache import FeatureCache, FeatureCacheKey, extraction_precision, file_sha256
 from lightning_putm.features.extraction import BackboneFeatures, FeatureCollector, FeatureRows, FeatureRowsDataModule
 from lightning_putm.features.files import FeatureSet, load_features
 from lightning_putm.methods import method_uses_base_covariance, method_uses_base_mean
@@ -155,7 +155,7 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
     extraction = Extraction.of(settings, weights)
     split = settings.split
     datamodule, images, key = checkpoint_split(cfg.data, file_sha256(weights.file if weights else checkpoint), split,
-                                               weights)  # hashed once per run
+                                               weights, settings.trainer.get("precision"))  # hashed once per run
     if settings.base_features is not None and settings.base_features.startswith(BASE_SPLIT_PREFIX):
         # from here on base_features names the cached file, which load_base_statistics reads like any feature file
         base_split = settings.base_features[len(BASE_SPLIT_PREFIX):]
@@ -180,13 +180,14 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
     return BackboneFeatures(backbone), datamodule, cache
 
 
-def checkpoint_split(data: DictConfig, checkpoint_sha256: str, split: str,
-                     weights: TimmWeights | None = None) -> tuple[FewShotDataModule, ImageSplit, FeatureCacheKey]:
+def checkpoint_split(data: DictConfig, checkpoint_sha256: str, split: str, weights: TimmWeights | None = None,
+                     precision: object = None) -> tuple[FewShotDataModule, ImageSplit, FeatureCacheKey]:
     """The datamodule whose test loop yields ``split`` of ``data`` (images in order, with their row index),
     the split itself, and the feature-cache key of (checkpoint content, dataset, split, eval transform).
 
     With a timm model (``weights``) the images go through the model's own preprocessing instead of ``data``'s
-    evaluation transform, and the key also holds the model's name (``checkpoint_sha256`` is its weights file's)."""
+    evaluation transform, and the key also holds the model's name (``checkpoint_sha256`` is its weights file's).
+    ``precision`` is the extracting Trainer's ``precision``: part of the key unless it is full precision."""
     override = timm_transform(weights.model) if weights is not None else None
 
     class SplitDataModule(FewShotDataModule):
@@ -214,12 +215,14 @@ def checkpoint_split(data: DictConfig, checkpoint_sha256: str, split: str,
         root=str(Path(str(data.root)).expanduser().resolve()) if data.root else "",
         options=json.dumps(to_container(data.options) if data.options else {}, sort_keys=True), split=split,
         transform=repr(transform), model=weights.model if weights is not None else "",
+        precision=extraction_precision(precision),
     )
     return datamodule, images, key
 
 
 def base_split_features(data: DictConfig, extraction: Extraction, split: str, checkpoint_sha256: str,
-                        log: Callable[[str], None] = print, purpose: str = "base features", use: str = "for CL2N") -> Path:
+                        log: Callable[[str], None] = print, purpose: str = "base features",
+                        use: str = "for CL2N") -> Path:
     """Features of the base classes (``split`` of ``data``) from the checkpoint's backbone, for CL2N.
 
     SimpleShot (Wang et al. 2019) centres features on the mean of the base classes the backbone was trained on;
@@ -229,7 +232,8 @@ def base_split_features(data: DictConfig, extraction: Extraction, split: str, ch
     calibrate its probabilities: ``purpose`` and ``use`` say why in the console lines).
     """
     checkpoint = extraction.checkpoint
-    datamodule, images, key = checkpoint_split(data, checkpoint_sha256, split, extraction.weights)
+    datamodule, images, key = checkpoint_split(data, checkpoint_sha256, split, extraction.weights,
+                                               extraction.trainer.get("precision"))
     cache = FeatureCache(extraction.feature_cache_dir, key)
     if not extraction.refresh_features and cache.load() is not None:
         log(f"{purpose}: reusing the cache {cache.path}")

@@ -6,7 +6,8 @@ novel split once, not once per run. The cache key is everything that determines 
 * the SHA-256 of the checkpoint file's *content* (a retrained checkpoint at the same path is a new key); for a
   timm model (``checkpoint=timm:<name>``) that of its weights file, and the model's name,
 * the dataset, its root and reader options, the split,
-* the evaluation image transform (its ``repr``: size, resize, normalisation).
+* the evaluation image transform (its ``repr``: size, resize, normalisation),
+* the numeric precision of the extraction (``trainer.precision``: bf16 features are not fp32 features).
 
 Cached files use our tensor-only feature format (``lightning_putm.features``), are written atomically and are
 read with ``weights_only=True``. A cache file whose stored key differs, or that cannot be read, is rebuilt.
@@ -46,18 +47,27 @@ class FeatureCacheKey:
     split: str
     transform: str  # repr of the evaluation transform
     model: str = ""  # timm model name (checkpoint=timm:<name>); "" for a train_backbone.py checkpoint
+    precision: str = ""  # the extraction's trainer.precision; "" for full precision (fp32)
 
     def fields(self) -> dict[str, str]:
-        """The key as stored; ``model`` only when set, so the keys of checkpoint caches written before it existed
-        stay valid."""
+        """The key as stored; ``model`` and ``precision`` only when set, so the keys of caches written before they
+        existed (by fp32 extractions) stay valid."""
         values = asdict(self)
-        if not values["model"]:
-            del values["model"]
+        for optional in ("model", "precision"):
+            if not values[optional]:
+                del values[optional]
         return values
 
     def digest(self) -> str:
         text = json.dumps({"format": CACHE_FORMAT, **self.fields()}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def extraction_precision(value: object) -> str:
+    """``trainer.precision`` as the cache key holds it: "" for full precision (unset, 32, ``32-true``), else
+    Lightning's name (``bf16-mixed``, ``16-mixed``, ``64-true``, ...)."""
+    text = "" if value is None else str(value).strip()
+    return "" if text in ("", "32", "32-true", "None", "null") else text
 
 
 class FeatureCache:
