@@ -176,6 +176,7 @@ def test_extraction_bar_counts_batches_on_a_terminal_and_is_gone_before_the_eval
     monkeypatch.setattr(progress, "on_terminal", lambda stream=None: True)
     probe = _Probe(batches=3)
     assert "extracting features" in probe.err.getvalue() and "3/3" in probe.err.getvalue()
+    assert re.search(r"\d+ images/s", probe.err.getvalue())  # the backbone's throughput
     assert "Testing" not in probe.err.getvalue()
     assert probe.open_at_epoch_end is False
     assert _Probe(batches=1).err.getvalue() == ""  # a feature file replayed as one batch: no bar at all

@@ -105,3 +105,20 @@ def test_train_backbone_job_on_cuda_bf16_mixed(tmp_path: Path) -> None:
     assert results[0].best_score is not None and 0.0 <= results[0].best_score <= 100.0
     module = load_module(results[0].last)
     assert all(torch.isfinite(t).all() for t in module.state_dict().values() if t.is_floating_point())
+
+
+def test_feature_extraction_on_cuda_uses_channels_last_and_matches_the_cpu_features() -> None:
+    """BackboneFeatures lays a conv backbone out NHWC on CUDA; its features stay those of the CPU's NCHW pass."""
+    from lightning_putm.features.extraction import BackboneFeatures
+    from lightning_putm.models import build_backbone
+
+    torch.manual_seed(0)
+    backbone = build_backbone("conv4", in_channels=1).eval()
+    images = torch.rand(16, 1, 28, 28)
+    expected = backbone(images).detach()
+    module = BackboneFeatures(backbone).to(CUDA)
+    module.on_test_start()
+    assert next(p for p in module.backbone.parameters() if p.dim() == 4).is_contiguous(
+        memory_format=torch.channels_last)
+    out = module.test_step((images.to(CUDA), torch.zeros(16), torch.arange(16)), 0)["features"]
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-2, atol=1e-3)  # cuDNN may use TF32

@@ -77,6 +77,9 @@ class ExtractionBar(TQDMProgressBar):
     done, before the evaluation's own bar (tasks, ETA) starts.
     """
 
+    _images = 0  # rows extracted so far in this loop, and when it started: the bar shows images/s
+    _started = 0.0
+
     def init_test_tqdm(self) -> Tqdm:
         batches = sum(2 if n == float("inf") else int(n) for n in self.trainer.num_test_batches)
         return Tqdm(desc="extracting features", position=2 * self.process_position, leave=False, dynamic_ncols=True,
@@ -87,13 +90,25 @@ class ExtractionBar(TQDMProgressBar):
                             dataloader_idx: int = 0) -> None:
         if self.has_dataloader_changed(dataloader_idx):  # Lightning's version would draw "Testing DataLoader 0"
             self.test_progress_bar.reset(total=convert_inf(self.total_test_batches_current_dataloader))
+        if batch_idx == 0:
+            self._images, self._started = 0, time.perf_counter()
 
     def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
                           dataloader_idx: int = 0) -> None:
+        self._images += images_in(batch)
+        elapsed = time.perf_counter() - self._started
+        if elapsed > 0 and not self.test_progress_bar.disable:  # the backbone's throughput, data loading included
+            self.test_progress_bar.set_postfix_str(f"{self._images / elapsed:.0f} images/s", refresh=False)
         super().on_test_batch_end(trainer, pl_module, outputs, batch, batch_idx, dataloader_idx)
         total = self.test_progress_bar.total
         if total is not None and batch_idx + 1 >= total:
             self.test_progress_bar.close()  # cleared (leave=False) before the evaluation prints anything
+
+
+def images_in(batch: Any) -> int:
+    """Rows of a test-loop batch (images, labels, indices): the first tensor's length."""
+    first = batch[0] if isinstance(batch, (list, tuple)) and batch else batch
+    return int(first.shape[0]) if hasattr(first, "shape") and len(first.shape) else 0
 
 
 def extraction_bar(progress: bool) -> list[ExtractionBar]:
