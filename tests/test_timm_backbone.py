@@ -223,6 +223,11 @@ def test_predict_with_a_timm_model_calibrates_on_a_given_feature_file_or_says_it
     assert torch.allclose(fitted.probabilities, scale_probabilities(raw.raw_probabilities,
                                                                     fitted.calibration.temperature))
     assert any(line.startswith("calibration: protonet on 20 labelled tasks of labelled.pt") for line in lines)
+    single = save_features(FeatureSet(centres, torch.arange(6), [f"c{i}" for i in range(6)]), tmp_path / "single.pt")
+    elsewhere = tmp_path / "other" / "p.csv"
+    with pytest.raises(DataError, match=r"calibration=.*single\.pt: .*class"):  # one image per class: no task
+        run_predict([*args[:4], f"output={elsewhere}", *args[5:], f"calibration={single}"])
+    assert not elsewhere.parent.exists()
 
 
 def test_predict_refuses_a_base_split_for_a_timm_model_before_writing(weights, tmp_path):

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from lightning_putm.atomic import atomic_write_text
-from lightning_putm.errors import LightningPutmError
+from lightning_putm.errors import DataError, LightningPutmError
 from lightning_putm.evaluation.calibration import Calibration, fit_calibration
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, checkpoint_data
 from lightning_putm.evaluation.sources import Extraction, base_split_features, read_base_statistics
@@ -133,8 +133,15 @@ def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: 
         return None
     log(f"calibration: {settings.method} on {settings.calibration_tasks} labelled tasks of {path.name} "
         f"({ways} classes × {shots} shots)")
-    calibration = fit_calibration(method, feature_set, ways, shots, queries, settings.calibration_tasks, settings.seed,
-                                  settings.device, progress=True)
+    try:
+        calibration = fit_calibration(method, feature_set, ways, shots, queries, settings.calibration_tasks,
+                                      settings.seed, settings.device, progress=True)
+    except DataError as exc:  # e.g. validation classes with fewer images than the task's shots
+        if settings.calibration != "auto":
+            raise DataError(f"calibration={settings.calibration}: {exc}") from exc
+        log(f"notice: probabilities are the method's own (uncalibrated): no {ways}-way {shots}-shot task can be drawn "
+            f"from {path} ({exc}); pass calibration=<labelled feature file> or calibration=<T>")
+        return None
     atomic_write_text(cache, json.dumps({"key": key, "calibration": calibration.__dict__}, sort_keys=True,
                                         default=str, indent=1))
     return calibration
