@@ -243,7 +243,7 @@ def base_split_features(data: DictConfig, extraction: Extraction, split: str, ch
     else:
         backbone, _ = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
                                                expected_backbone=extraction.backbone)
-    log(f"{purpose}: extracting the {split} split of {data.name} ({len(images)} images) {use}")
+    log(f"{purpose}: extracting the {split} split of {data.name} ({len(images)} images)" + (f" {use}" if use else ""))
     feature_set = extract_split(BackboneFeatures(backbone), datamodule, split, extraction)
     feature_set.metadata.update(source=f"{extraction.source()} on {data.name}/{split}", checkpoint=str(checkpoint),
                                 checkpoint_sha256=key.checkpoint_sha256)

@@ -132,7 +132,7 @@ def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: 
             f"classes but the task has {ways}; pass calibration=<feature file with at least {ways} classes>")
         return None
     log(f"calibration: {settings.method} on {settings.calibration_tasks} labelled tasks of {path.name} "
-        f"({ways} classes × {shots} shots)")
+        f"({ways} classes × {shots} shot{'' if shots == 1 else 's'})")
     try:
         calibration = fit_calibration(method, feature_set, ways, shots, queries, settings.calibration_tasks,
                                       settings.seed, settings.device, progress=True)
