@@ -24,6 +24,7 @@ from lightning_putm.errors import FeatureError
 from lightning_putm.features.files import FeatureSet
 from lightning_putm.features.table import scatter_rows
 from lightning_putm.models import Backbone
+from lightning_putm.models.batching import MemoryAdaptedForward
 
 
 class BackboneFeatures(pl.LightningModule):
@@ -31,12 +32,14 @@ class BackboneFeatures(pl.LightningModule):
 
     On CUDA the weights and images are laid out channels-last (NHWC), the layout cuDNN's tensor-core
     convolutions run fastest with, as in pretraining; on CPU the default layout keeps features bit-for-bit as
-    they were. ``trainer.precision=bf16-mixed`` adds bf16 autocast (and its own feature-cache entry).
+    they were. ``trainer.precision=bf16-mixed`` adds bf16 autocast (and its own feature-cache entry). A batch that
+    does not fit in device memory is split (:class:`~lightning_putm.models.batching.MemoryAdaptedForward`).
     """
 
     def __init__(self, backbone: Backbone) -> None:
         super().__init__()
         self.backbone = backbone.eval()
+        self.forward_adapted = MemoryAdaptedForward(self.backbone)  # halves the batch on out-of-memory
 
     def on_test_start(self) -> None:
         if self.device.type == "cuda":
@@ -46,7 +49,7 @@ class BackboneFeatures(pl.LightningModule):
         images, labels, indices = batch[0], batch[1], batch[2]
         if images.is_cuda and images.dim() == 4:
             images = images.contiguous(memory_format=torch.channels_last)
-        return {"features": self.backbone(images).float(), "labels": labels, "indices": indices}
+        return {"features": self.forward_adapted(images).float(), "labels": labels, "indices": indices}
 
 
 class FeatureRows(pl.LightningModule):

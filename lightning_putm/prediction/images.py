@@ -34,6 +34,7 @@ from lightning_putm.data.imagesplit import decode_image
 from lightning_putm.data.registry import dataset_info
 from lightning_putm.data.transforms import eval_transform
 from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.models.batching import MemoryAdaptedForward
 from lightning_putm.models.timm_pretrained import timm_transform
 
 #: Files with these extensions (any case) are images; everything else in the folders is ignored with a notice.
@@ -236,13 +237,14 @@ def extract_features(backbone: torch.nn.Module, paths: Sequence[Path], reader: C
     :data:`LISTED_FILES` by name); nothing is written in any case.
     """
     backbone = backbone.eval().to(device)
+    forward = MemoryAdaptedForward(backbone)  # halves the batch on out-of-memory
     rows: list[torch.Tensor] = []
     batch: list[torch.Tensor] = []
     bad: list[tuple[Path, str]] = []
 
     def flush() -> None:
         if batch and not bad:
-            rows.append(backbone(torch.stack(batch).to(device)).float().cpu())
+            rows.append(forward(torch.stack(batch).to(device)).float().cpu())
         batch.clear()
 
     for path in paths:
