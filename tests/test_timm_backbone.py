@@ -228,6 +228,10 @@ def test_predict_with_a_timm_model_calibrates_on_a_given_feature_file_or_says_it
     with pytest.raises(DataError, match=r"calibration=.*single\.pt: .*class"):  # one image per class: no task
         run_predict([*args[:4], f"output={elsewhere}", *args[5:], f"calibration={single}"])
     assert not elsewhere.parent.exists()
+    one_class = save_features(FeatureSet(centres[:3], torch.zeros(3, dtype=torch.long), ["c0"]), tmp_path / "one.pt")
+    with pytest.raises(DataError, match=r"one\.pt has 1 classes but the task has 2"):
+        run_predict([*args[:4], f"output={elsewhere}", *args[5:], f"calibration={one_class}"])
+    assert not elsewhere.parent.exists()
 
 
 def test_predict_refuses_a_base_split_for_a_timm_model_before_writing(weights, tmp_path):

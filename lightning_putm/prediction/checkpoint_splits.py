@@ -128,8 +128,11 @@ def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: 
             pass  # an unreadable entry is refitted and rewritten
     feature_set = load_features(path)
     if ways > len(feature_set.class_names):
-        log(f"notice: probabilities are the method's own (uncalibrated): {path} has {len(feature_set.class_names)} "
-            f"classes but the task has {ways}; pass calibration=<feature file with at least {ways} classes>")
+        problem = (f"{path} has {len(feature_set.class_names)} classes but the task has {ways}; pass "
+                   f"calibration=<feature file with at least {ways} classes>")
+        if settings.calibration != "auto":
+            raise DataError(f"calibration={settings.calibration}: {problem}")
+        log(f"notice: probabilities are the method's own (uncalibrated): {problem}")
         return None
     log(f"calibration: {settings.method} on {settings.calibration_tasks} labelled tasks of {path.name} "
         f"({ways} classes × {shots} shot{'' if shots == 1 else 's'})")
