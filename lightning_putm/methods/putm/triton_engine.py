@@ -177,6 +177,14 @@ class TritonTrainer(Engine):
     def launch(self, query: torch.Tensor, prototypes: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor,
                                                                                                     torch.Tensor]:
         """One kernel launch over all tasks; returns the (persistent) π_f and π_b buffers."""
+        arguments, constants, grid = self.kernel_arguments(query, prototypes, cost)
+        kernels().e_step_kernel[grid](*arguments, **constants, num_warps=self.config.num_warps, num_stages=1)
+        return self._outputs  # type: ignore[return-value]
+
+    def kernel_arguments(self, query: torch.Tensor, prototypes: torch.Tensor,
+                         cost: torch.Tensor) -> tuple[list[object], dict[str, object], tuple[int]]:
+        """The kernel's runtime arguments, its compile-time constants and its grid for one launch (the scratch
+        and the output buffers are allocated here, once per shape)."""
         k, s, nav, config = kernels(), self.settings, self.navigator, self.config
         t, q, m = query.shape
         n = prototypes.shape[1]
@@ -196,18 +204,16 @@ class TritonTrainer(Engine):
         for part in [*weights, *biases][:-1]:
             starts.append(starts[-1] + part.numel())
         beta1, beta2 = s.adam_betas
-        k.e_step_kernel[(programs,)](
-            query, prototypes, cost, nav.flat, self.exp_avg, self.exp_avg_sq, self.active,
-            self.schedule(self.steps + s.inner_steps), forward, backward,
-            scratch["h1"], scratch["h2"], scratch["logits"], scratch["grad"], scratch["dw2"],
-            t, s.inner_steps, self.steps, *starts[1:],
-            s.negative_slope, s.rho, s.theta, 1 - beta1, beta2, 1 - beta2, ADAM_EPS,
-            Q=q, N=n, M=m, H1=h1, H2=h2, W3S=weights[-1].shape[2], Q_PAD=power_of_two(q), N_PAD=power_of_two(n),
-            P_PAD=padded_pairs, BLOCK_P=block_p, BLOCK_K=config.block_k, PRECISION=precision,
-            INTERPRET=k.INTERPRETED,
-            LERP_FROM_END=not abs(1 - beta1) < 0.5, BALANCE=s.theta != 0,
-            num_warps=config.num_warps, num_stages=1)
-        return forward, backward
+        arguments = [query, prototypes, cost, nav.flat, self.exp_avg, self.exp_avg_sq, self.active,
+                     self.schedule(self.steps + s.inner_steps), forward, backward,
+                     scratch["h1"], scratch["h2"], scratch["logits"], scratch["grad"], scratch["dw2"],
+                     t, s.inner_steps, self.steps, *starts[1:],
+                     s.negative_slope, s.rho, s.theta, 1 - beta1, beta2, 1 - beta2, ADAM_EPS]
+        constants = dict(Q=q, N=n, M=m, H1=h1, H2=h2, W3S=weights[-1].shape[2], Q_PAD=power_of_two(q),
+                         N_PAD=power_of_two(n), P_PAD=padded_pairs, BLOCK_P=block_p, BLOCK_K=config.block_k,
+                         PRECISION=precision, INTERPRET=k.INTERPRETED, LERP_FROM_END=not abs(1 - beta1) < 0.5,
+                         BALANCE=s.theta != 0)
+        return arguments, constants, (programs,)
 
     def scratch(self, programs: int, pairs: int, h1: int, h2: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The per-program activations (kept between launches of the same size)."""

@@ -113,7 +113,14 @@ def _inputs(query_ptr, proto_ptr, pairs, pair_ok, cols, N: tl.constexpr, M: tl.c
     return difference * difference
 
 
-@triton.jit
+#: Runtime integers that Triton must not specialize on (it compiles a separate kernel for an integer equal to 1 and
+#: for one divisible by 16): the task count and Adam's step counts change between launches of one shape (a
+#: one-task warm-up, then 1000 tasks; E-step 9 starts at step 240), and each new value class cost a compilation of
+#: seconds in the middle of a run. They are loop bounds and schedule indices, so the hints gain nothing.
+RUNTIME_INTEGERS = ("num_tasks", "inner_steps", "step0")
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTEGERS)
 def e_step_kernel(
     query_ptr, proto_ptr, cost_ptr,  # [T, Q, M], [T, N, M], [T, Q, N] float32
     params_ptr, exp_avg_ptr, exp_avg_sq_ptr,  # flat navigator buffers (Navigator.flat's layout), float32
