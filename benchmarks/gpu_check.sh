@@ -3,24 +3,31 @@
 #
 #   bash benchmarks/gpu_check.sh [/path/to/PUTM]        # optional: a local checkout of RashLog/PUTM (the reference)
 #
-# Without a CUDA device it prints "no CUDA device: nothing to check" and exits 0. With one, it runs, each step
-# recorded (output, status, seconds) even when an earlier one failed:
-#   1. the CUDA-marked tests                        python -m pytest -m cuda -q
-#   2. the PUTM solver benchmark on cuda, T = 1000 and 10000, default solver (+ the reference implementation on
-#      the same GPU when a checkout is given) and --solver compiled     benchmarks/bench_putm.py
-#   3. the accuracy cross-check of the fast path against the fp32 engine    benchmarks/crosscheck_putm.py
-#   4. the fused Triton E-step kernel (solver=triton, not yet measured on a GPU): its sm_90 resources, the
-#      CUDA tests, a tile-size sweep (T = 1000, 5 EM steps, extrapolated), then tasks/s at T = 1000 and 10000 for
-#      1 and 5 shots (basis=cholesky) and the cross-check against the fp32 engine for 1 and 5 shots
-#                                                          benchmarks/bench_putm.py --solver triton, crosscheck_putm.py
-#   5. WRN-28-10 S2M2 training throughput at 84x84: fp32, bf16-mixed + channels-last, and the same compiled
+# Without a CUDA device it prints "no CUDA device: nothing to check" and exits 0. With one, it runs these steps
+# in this order (most important first), each recorded (output, status, seconds) even when an earlier one failed:
+#   1. the CUDA tests of the fused Triton E-step kernel (solver=triton)      python -m pytest -m cuda tests/test_putm_triton.py
+#   2. solver=triton, 1-shot, tasks/s at T = 1000 (+ the reference on the same GPU when a checkout is given) and 10000,
+#      then its cross-check against the fp32 engine with the noise floor     bench_putm.py, crosscheck_putm.py
+#   3. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
+#      reasons, pipe and memory use; skipped without ncu)
+#   4. solver=triton, 5-shot: tasks/s at T = 1000 and 10000, and its cross-check
+#   5. a tile-size sweep (T = 1000, 5 EM steps, extrapolated; the warm-up compiles each kernel, untimed), and 132
+#      persistent programs
+#   6. all CUDA-marked tests                                                  python -m pytest -m cuda
+#   7. the default solver (compiled) at T = 1000 and 10000, --solver compiled, the reference at T = 10000, and the
+#      fast path's cross-check                                               bench_putm.py, crosscheck_putm.py
+#   8. WRN-28-10 S2M2 training throughput at 84x84: fp32, bf16-mixed + channels-last, and the same compiled
 #                                                                          benchmarks/bench_pretrain.py
-# and writes <GPU_CHECK_OUT>/<UTC date>-<device>.md (default outputs/gpu_check/), whose path it prints. The exit
-# status is 0 only if every step passed.
+#   and the sm_90 resource table of the kernel (compiled on the host, no GPU time)
+# GPU_CHECK_BUDGET (seconds, default 0 = none) bounds the whole check, for a GPU lent by the minute: a step that
+# cannot start with 20 s left is recorded as SKIPPED, and each step's limit is cut to what is left.
+# It writes <GPU_CHECK_OUT>/<UTC date>-<device>.md (default outputs/gpu_check/), whose path it prints. The exit
+# status is 0 only if every step ran and passed.
 #
 # Environment: PUTM_REFERENCE (same as the argument), GPU_CHECK_OUT (report folder), GPU_CHECK_WHEELS (a folder
 # of wheels to install first when a needed package is missing; default .whl — see benchmarks/gpu_wheels.sh),
-# GPU_CHECK_STEP_TIMEOUT (seconds per step, default 300), PYTHON (default python3).
+# GPU_CHECK_STEP_TIMEOUT (seconds per step, default 300), GPU_CHECK_BUDGET (seconds in all, default 0: no
+# limit), PYTHON (default python3).
 # Python packages needed beyond torch: pytorch-lightning, omegaconf (+ antlr4-python3-runtime for omegaconf < 2.4), optuna,
 # scikit-learn, matplotlib, timm, tqdm, pyyaml, pytest, hypothesis. wandb is not needed here.
 set -uo pipefail
@@ -33,6 +40,7 @@ REFERENCE="${1:-${PUTM_REFERENCE:-}}"
 OUT_DIR="${GPU_CHECK_OUT:-outputs/gpu_check}"
 WHEELS="${GPU_CHECK_WHEELS:-.whl}"
 STEP_TIMEOUT="${GPU_CHECK_STEP_TIMEOUT:-300}"
+BUDGET="${GPU_CHECK_BUDGET:-0}"
 COMMAND="bash benchmarks/gpu_check.sh [/path/to/PUTM]"
 
 no_gpu() {
@@ -82,6 +90,8 @@ BODY="$(mktemp /tmp/gpu_check_body.XXXXXX)"
 SUMMARY="$(mktemp /tmp/gpu_check_summary.XXXXXX)"
 LOG="$(mktemp /tmp/gpu_check_log.XXXXXX)"
 FAILED=0
+SKIPPED=0
+CHECK_START=$SECONDS
 
 ROWS="$(mktemp /tmp/gpu_check_rows.XXXXXX)"
 
@@ -90,13 +100,24 @@ ROWS="$(mktemp /tmp/gpu_check_rows.XXXXXX)"
 run_step() {
     local title="$1" format="$2"
     shift 2
+    local limit=$STEP_TIMEOUT
+    if [[ $BUDGET -gt 0 ]]; then
+        local left=$((BUDGET - (SECONDS - CHECK_START)))
+        if [[ $left -lt 20 ]]; then
+            echo "=== $title: SKIPPED (GPU_CHECK_BUDGET=$BUDGET s spent)"
+            echo "| $title | SKIPPED (budget of $BUDGET s spent) | 0 |" >>"$SUMMARY"
+            SKIPPED=1
+            return
+        fi
+        [[ $left -lt $limit ]] && limit=$left
+    fi
     echo "=== $title: $*"
     local start=$SECONDS status
-    timeout "$STEP_TIMEOUT" "$@" 2>&1 | tee "$LOG"
+    timeout "$limit" "$@" 2>&1 | tee "$LOG"
     status=${PIPESTATUS[0]}
     local seconds=$((SECONDS - start)) result="passed"
     if [[ $status -ne 0 ]]; then
-        result="FAILED (exit $status$([[ $status -eq 124 ]] && echo ", timed out after ${STEP_TIMEOUT} s"))"
+        result="FAILED (exit $status$([[ $status -eq 124 ]] && echo ", timed out after ${limit} s"))"
         FAILED=1
     fi
     echo "| $title | $result | $seconds |" >>"$SUMMARY"
@@ -121,40 +142,55 @@ if [[ -n "$MISSING" ]]; then
     FAILED=1
 fi
 
-run_step "CUDA-marked tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider
 REFERENCE_ARGS=()
 if [[ -n "$REFERENCE" ]]; then
     REFERENCE_ARGS=(--reference "$REFERENCE")
 fi
-run_step "PUTM solver, default" text "$PYTHON" benchmarks/bench_putm.py --device cuda --sizes 1000 10000 \
-    "${REFERENCE_ARGS[@]}"
-run_step "PUTM solver, --solver compiled" text "$PYTHON" benchmarks/bench_putm.py --device cuda --sizes 1000 10000 \
-    --solver compiled
+BENCH=("$PYTHON" benchmarks/bench_putm.py --device cuda)
+TRITON=("${BENCH[@]}" --solver triton --basis cholesky)
+BIG=(--stream-tasks 10000 --memory-budget-mb 32768)
+# 1-2: the fused Triton kernel, 1 shot
+run_step "Triton kernel: CUDA tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider tests/test_putm_triton.py
+run_step "PUTM solver, --solver triton, 1-shot, T = 1000" text "${TRITON[@]}" --sizes 1000 "${REFERENCE_ARGS[@]}"
+run_step "PUTM solver, --solver triton, 1-shot, T = 10000" text "${TRITON[@]}" --sizes 10000 "${BIG[@]}"
+run_step "Triton vs fp32 engine, 1-shot" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000 \
+    --solver triton --shots 1
+# 3: where an E-step's time goes: the 6th launch of the kernel (the warm-up's and the first E-steps' passed)
+if command -v ncu >/dev/null; then
+    run_step "Triton kernel: Nsight Compute profile of one E-step of 1000 tasks" text ncu --launch-skip 5 \
+        --launch-count 1 -k regex:e_step_kernel --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+        "${TRITON[@]}" --sizes 1000 --em-steps 5
+else
+    echo "| Triton kernel: Nsight Compute profile | SKIPPED (no ncu on PATH) | 0 |" >>"$SUMMARY"
+fi
+# 4: 5 shots
+run_step "PUTM solver, --solver triton, 5-shot" text "${TRITON[@]}" --sizes 1000 10000 --shots 5 "${BIG[@]}"
+run_step "Triton vs fp32 engine, 5-shot" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000 \
+    --solver triton --shots 5
+# 5: tile sweep: pairs per tile x input columns per chunk x warps; 5 EM steps (times extrapolated to 50)
+for TILE in "32 16 8" "16 16 8" "64 16 8" "32 32 8" "16 32 8" "32 16 4" "16 16 4" "64 32 8"; do
+    read -r BLOCK_P BLOCK_K WARPS <<<"$TILE"
+    run_step "Triton sweep BLOCK_P=$BLOCK_P BLOCK_K=$BLOCK_K warps=$WARPS" text "${TRITON[@]}" --sizes 1000 \
+        --em-steps 5 --triton-block-p "$BLOCK_P" --triton-block-k "$BLOCK_K" --triton-warps "$WARPS"
+done
+run_step "Triton sweep, 132 persistent programs" text "${TRITON[@]}" --sizes 1000 --em-steps 5 --triton-programs 132
+# 6: every CUDA test
+run_step "CUDA-marked tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider
+# 7: the default solver (compiled), for the ratio in the same session, and the reference at T = 10000
+run_step "PUTM solver, default" text "${BENCH[@]}" --sizes 1000 10000 "${BIG[@]}"
+run_step "PUTM solver, --solver compiled" text "${BENCH[@]}" --sizes 1000 10000 --solver compiled
+if [[ -n "$REFERENCE" ]]; then
+    run_step "PUTM reference, T = 10000" text "${TRITON[@]}" --sizes 10000 "${BIG[@]}" "${REFERENCE_ARGS[@]}" \
+        --reference-max-tasks 10000
+fi
 if [[ -f benchmarks/crosscheck_putm.py ]]; then
     run_step "Fast path vs fp32 engine" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000
 else
     echo "| Fast path vs fp32 engine | FAILED (benchmarks/crosscheck_putm.py not found) | 0 |" >>"$SUMMARY"
     FAILED=1
 fi
-# the fused Triton kernel (solver=triton): resources, sweep, throughput, agreement
-run_step "Triton kernel: sm_90 resources (ptxas)" text "$PYTHON" benchmarks/bench_putm.py --sm90-resources
-run_step "Triton kernel: CUDA tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider tests/test_putm_triton.py
-# tile sweep: pairs per tile x input columns per chunk x warps; 5 EM steps (times extrapolated to 50)
-for TILE in "32 16 8" "16 16 8" "64 16 8" "32 32 8" "16 32 8" "32 16 4" "16 16 4" "64 32 8"; do
-    read -r BLOCK_P BLOCK_K WARPS <<<"$TILE"
-    run_step "Triton sweep BLOCK_P=$BLOCK_P BLOCK_K=$BLOCK_K warps=$WARPS" text "$PYTHON" benchmarks/bench_putm.py \
-        --device cuda --sizes 1000 --em-steps 5 --solver triton --basis cholesky --triton-block-p "$BLOCK_P" \
-        --triton-block-k "$BLOCK_K" --triton-warps "$WARPS"
-done
-run_step "Triton sweep, 132 persistent programs" text "$PYTHON" benchmarks/bench_putm.py --device cuda --sizes 1000 \
-    --em-steps 5 --solver triton --basis cholesky --triton-programs 132
-for SHOTS in 1 5; do
-    run_step "PUTM solver, --solver triton, $SHOTS-shot" text "$PYTHON" benchmarks/bench_putm.py --device cuda \
-        --sizes 1000 10000 --shots "$SHOTS" --solver triton --basis cholesky --stream-tasks 10000 \
-        --memory-budget-mb 32768 "${REFERENCE_ARGS[@]}" ${REFERENCE:+--reference-max-tasks 10000}
-    run_step "Triton vs fp32 engine, $SHOTS-shot" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda \
-        --tasks 1000 --solver triton --shots "$SHOTS"
-done
+# 8: pretraining throughput
 PRETRAIN=("$PYTHON" benchmarks/bench_pretrain.py --device cuda --backbone wrn28_10 --image-size 84 --batch-size 64
           --no-header)
 run_step "WRN-28-10 S2M2 training, fp32" row "${PRETRAIN[@]}" --precision 32-true
@@ -162,6 +198,8 @@ run_step "WRN-28-10 S2M2 training, bf16-mixed + channels-last" row "${PRETRAIN[@
     --channels-last
 run_step "WRN-28-10 S2M2 training, bf16-mixed + channels-last + compile" row "${PRETRAIN[@]}" \
     --precision bf16-mixed --channels-last --compile
+# the kernel's sm_90 resources: compiled on the host (CPU time only), last
+BUDGET=0 run_step "Triton kernel: sm_90 resources (ptxas)" text "$PYTHON" benchmarks/bench_putm.py --sm90-resources
 
 {
     echo "# gpu_check: $DEVICE_NAME"
@@ -191,6 +229,10 @@ echo
 echo "report: $REPORT"
 if [[ $FAILED -ne 0 ]]; then
     echo "gpu_check: some steps FAILED (see the report)"
+    exit 1
+fi
+if [[ $SKIPPED -ne 0 ]]; then
+    echo "gpu_check: the steps that ran passed; some were SKIPPED for GPU_CHECK_BUDGET (see the report)"
     exit 1
 fi
 echo "gpu_check: all steps passed"

@@ -285,3 +285,25 @@ def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path: Path) -> None:
     # the throughput rows after the failure: one table with the three precisions
     assert "| backbone | precision |\n|---|---|\n| wrn28_10 | 32-true |\n| wrn28_10 | bf16-mixed |\n" \
            "| wrn28_10 | bf16-mixed |\n" in text
+
+
+def test_gpu_check_budget_skips_the_steps_it_cannot_fit(tmp_path: Path) -> None:
+    """GPU_CHECK_BUDGET (a GPU lent by the minute): once the budget is spent the remaining steps are recorded as
+    SKIPPED, not run, and the exit status says the check is incomplete; the host-only sm_90 table still runs.
+    Kills: a budget that is ignored (every step would run and pass here), skipped steps reported as passes."""
+    stub = tmp_path / "python3"
+    stub.write_text(STUB_PYTHON.replace('*"--solver compiled"*) echo "compiled solver crashed"; exit 3 ;;\n', ""))
+    stub.chmod(0o755)
+    out = tmp_path / "reports"
+    env = {**os.environ, "PYTHON": str(stub), "GPU_CHECK_ASSUME_GPU": "1", "GPU_CHECK_OUT": str(out),
+           "GPU_CHECK_WHEELS": str(tmp_path / "no-wheels"), "GPU_CHECK_BUDGET": "15"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "some were SKIPPED for GPU_CHECK_BUDGET" in done.stdout
+    text = next(out.iterdir()).read_text()
+    assert "| Triton kernel: CUDA tests | SKIPPED (budget of 15 s spent) | 0 |" in text
+    assert "| PUTM solver, --solver compiled | SKIPPED" in text
+    assert "FAILED" not in text and "| passed |" not in text.replace("| Triton kernel: sm_90 resources (ptxas) | passed |", "")
+    assert "| Triton kernel: sm_90 resources (ptxas) | passed |" in text
