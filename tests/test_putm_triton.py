@@ -125,7 +125,8 @@ def active_mask() -> dict[str, torch.Tensor]:
 def putm_predictions(shots: int, options: dict, tasks: int = 3, device: str = "cpu",
                      noise_floor: bool = False) -> dict[str, torch.Tensor]:
     """Probabilities of a few tasks (5 ways, 15 queries, d = 32) from ``solver=fused`` and ``solver=triton``;
-    ``noise_floor``: also ``fused`` on the features times (1 + 2⁻²³) (``fused_nudged``, as crosscheck_putm.py)."""
+    ``noise_floor``: also ``fused`` on the features times (1 + 2⁻²³) (``fused_nudged``, as crosscheck_putm.py) and
+    ``triton`` a second time on the same features (``triton_again``)."""
     from conftest import make_clustered_features
     from lightning_putm.data.episodes import sample_episode_bank
     from lightning_putm.methods.putm import PUTM
@@ -143,6 +144,7 @@ def putm_predictions(shots: int, options: dict, tasks: int = 3, device: str = "c
     if noise_floor:
         nudged = dataclasses.replace(batch, support=batch.support * (1 + 2**-23), query=batch.query * (1 + 2**-23))
         out["fused_nudged"] = PUTM(shots=shots, balanced=balanced, solver="fused", **options).predict(nudged)
+        out["triton_again"] = PUTM(shots=shots, balanced=balanced, solver="triton", **options).predict(batch)
     return out
 
 
@@ -280,16 +282,25 @@ def test_compiled_kernel_on_cuda_matches_the_fused_engine(precision):
     result = putm_predictions(1, {**FAST, "precision": precision}, tasks=8, device="cuda", noise_floor=True)
     fused, triton, nudged = result["fused"], result["triton"], result["fused_nudged"]
     signal = (fused - 1 / fused.shape[2]).abs().max().item()
-    gap, floor = (triton - fused).abs().max().item(), (nudged - fused).abs().max().item()
+    difference = (triton - fused).abs()
+    floor = (nudged - fused).abs().max().item()
+    typical = torch.quantile(difference.flatten().float(), 0.9).item()
+    worst = int(difference.amax(dim=(1, 2)).argmax())
+    report = (f"{precision}: largest difference {difference.max().item():.3g} (task {worst}), 90th percentile "
+              f"{typical:.3g}, signal {signal:.3g}, noise floor (fused on features x (1 + 2^-23)) {floor:.3g}")
+    # The kernel has no atomics: two runs on the same inputs must agree bit for bit. Kills: a race between the
+    # kernel's phases (a barrier missing before a scratch buffer is read back in another layout), which the
+    # interpreter, running one thread, cannot show.
+    assert torch.equal(result["triton_again"], triton), report
     # The first H100 run (2026-11-27) failed a bound of 5% of the signal taken from the CPU interpreter: 0.0039
-    # against a signal of 0.0177 in fp32, while the kernel's gradients agreed to < 1e-4 and 1000 tasks of 50 EM
-    # steps agreed with the fused engine at the noise floor (benchmarks/crosscheck_putm.py: 99.32% of the
-    # predictions, floor 99.42%). On a GPU the fused engine's cuBLAS sums in another order than the CPU, so the
-    # bound is the noise floor measured here: the fused engine's own change when the features move by one
-    # rounding error (plus the CPU's 5% of the signal, for a floor that happens to be small on these tasks).
-    bound = (0.05 if precision == "fp32" else 0.2) * signal + 4 * floor
-    assert gap < bound, f"{precision}: gap {gap:.3g}, signal {signal:.3g}, noise floor {floor:.3g}"
-    assert (triton.argmax(2) == fused.argmax(2)).double().mean() >= 0.95
+    # against a signal of 0.0177 in fp32, though the entries its message showed differed by 3e-8 to 2e-5, the
+    # one-step gradients agreed to < 1e-4, and 1000 tasks of 50 EM steps agreed with the fused engine at the noise
+    # floor (crosscheck_putm.py: 99.32% of the predictions, floor 99.42%). On the CPU the engines agree to 1e-7 on
+    # these tasks. Not yet explained; the bound is now the project's usual one, the noise floor measured on the same
+    # device (Adam's first steps move every weight by ±lr whatever its gradient's size, so rounding that flips a
+    # tiny gradient's sign moves a weight by 2·lr), and the message gives every number.
+    assert difference.max().item() < (0.05 if precision == "fp32" else 0.2) * signal + 4 * floor, report
+    assert (triton.argmax(2) == fused.argmax(2)).double().mean() >= 0.95, report
 
 
 # ------------------------------------------------------------------------------------------ in-process tests
