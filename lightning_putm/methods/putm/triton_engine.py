@@ -16,7 +16,7 @@ Where it runs: on CUDA devices, and on CPU tensors under Triton's interpreter (`
 the first use; slow, for tests). Anywhere else ``solver=triton`` is refused with one line
 (:func:`.triton_support.unavailable_reason`). A shape the kernel does not handle (:func:`unsupported_reason`)
 falls back to the ``compiled`` engine with one notice. ``solver=auto`` does not pick this engine: on an H100 it
-was correct but no faster than ``compiled`` (docs/gpu.md).
+was accurate to the noise floor but no faster than ``compiled`` (docs/gpu.md).
 """
 
 from __future__ import annotations
