@@ -10,7 +10,7 @@
 #      then its cross-check against the fp32 engine with the noise floor     bench_putm.py, crosscheck_putm.py
 #   3. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
 #      reasons, pipe and memory use; skipped without ncu)
-#   4. solver=triton, 5-shot: tasks/s at T = 1000 and 10000, and its cross-check
+#   4. solver=triton, 5-shot: tasks/s at T = 1000 (+ the reference) and 10000, and its cross-check
 #   5. a tile-size sweep (T = 1000, 5 EM steps, extrapolated; the warm-up compiles each kernel, untimed), and 132
 #      persistent programs
 #   6. all CUDA-marked tests                                                  python -m pytest -m cuda
@@ -165,7 +165,8 @@ else
     echo "| Triton kernel: Nsight Compute profile | SKIPPED (no ncu on PATH) | 0 |" >>"$SUMMARY"
 fi
 # 4: 5 shots
-run_step "PUTM solver, --solver triton, 5-shot" text "${TRITON[@]}" --sizes 1000 10000 --shots 5 "${BIG[@]}"
+run_step "PUTM solver, --solver triton, 5-shot" text "${TRITON[@]}" --sizes 1000 10000 --shots 5 "${BIG[@]}" \
+    "${REFERENCE_ARGS[@]}"
 run_step "Triton vs fp32 engine, 5-shot" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000 \
     --solver triton --shots 5
 # 5: tile sweep: pairs per tile x input columns per chunk x warps; 5 EM steps (times extrapolated to 50)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -292,7 +293,7 @@ def test_gpu_check_budget_skips_the_steps_it_cannot_fit(tmp_path: Path) -> None:
     SKIPPED, not run, and the exit status says the check is incomplete; the host-only sm_90 table still runs.
     Kills: a budget that is ignored (every step would run and pass here), skipped steps reported as passes."""
     stub = tmp_path / "python3"
-    stub.write_text(STUB_PYTHON.replace('*"--solver compiled"*) echo "compiled solver crashed"; exit 3 ;;\n', ""))
+    stub.write_text(STUB_PYTHON)  # its compiled solver fails: a budget that were ignored would show FAILED
     stub.chmod(0o755)
     out = tmp_path / "reports"
     env = {**os.environ, "PYTHON": str(stub), "GPU_CHECK_ASSUME_GPU": "1", "GPU_CHECK_OUT": str(out),
@@ -305,5 +306,5 @@ def test_gpu_check_budget_skips_the_steps_it_cannot_fit(tmp_path: Path) -> None:
     text = next(out.iterdir()).read_text()
     assert "| Triton kernel: CUDA tests | SKIPPED (budget of 15 s spent) | 0 |" in text
     assert "| PUTM solver, --solver compiled | SKIPPED" in text
-    assert "FAILED" not in text and "| passed |" not in text.replace("| Triton kernel: sm_90 resources (ptxas) | passed |", "")
-    assert "| Triton kernel: sm_90 resources (ptxas) | passed |" in text
+    assert "FAILED" not in text
+    assert re.findall(r"^\| (.+?) \| passed \|", text, re.M) == ["Triton kernel: sm_90 resources (ptxas)"]
