@@ -11,8 +11,9 @@ its peak memory is its own: the worker's peak resident set size on CPU (it inclu
     python benchmarks/bench_putm.py --sizes 200 --reference /path/to/PUTM      # + the reference, same tasks
     python benchmarks/bench_putm.py --sizes 10000 --em-steps 2                 # EXTRAPOLATED to 50 EM steps
     python benchmarks/bench_putm.py --precision bf16 --sizes 100               # any PUTM option: see --help
-    python benchmarks/bench_putm.py --solver triton --triton-block-p 32 --triton-block-k 16 --triton-warps 8
-                                                          # the fused Triton kernel with one tile configuration
+    python benchmarks/bench_putm.py --solver triton --triton-kernel wide --triton-block-p 32 --triton-warps 8
+                                                          # the fused Triton kernel with one configuration
+    python benchmarks/bench_putm.py --sm90-resources      # no GPU: each kernel configuration's sm_90 resources
 
 ``--reference DIR`` is a local checkout of RashLog/PUTM (not part of this project); its ``methods/putm.py`` is
 run through benchmarks/reference_putm.py on exactly the same tasks in the same run, as one batch of T tasks
@@ -154,8 +155,8 @@ def solver_options(args: argparse.Namespace) -> dict:
 
 
 #: ``--triton-*`` flags and the :class:`KernelConfig` field each sets (``solver=triton`` only).
-TRITON_FLAGS = {"--triton-block-p": "block_p", "--triton-block-k": "block_k", "--triton-warps": "num_warps",
-                "--triton-programs": "programs"}
+TRITON_FLAGS = {"--triton-kernel": "kernel", "--triton-block-p": "block_p", "--triton-block-k": "block_k",
+                "--triton-warps": "num_warps", "--triton-programs": "programs", "--triton-adam": "exact_adam"}
 
 
 def use_triton_config(args: argparse.Namespace) -> None:
@@ -164,6 +165,8 @@ def use_triton_config(args: argparse.Namespace) -> None:
 
     changes = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in TRITON_FLAGS.items()}
     changes = {field: value for field, value in changes.items() if value is not None}
+    if "exact_adam" in changes:
+        changes["exact_adam"] = changes["exact_adam"] == "exact"
     if changes:
         triton_engine.DEFAULT_CONFIG = dataclasses.replace(triton_engine.DEFAULT_CONFIG, **changes)
 
@@ -266,8 +269,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--solver", default="auto", choices=["auto", "compiled", "fused", "autograd", "triton"],
                         help="PUTM engine (auto = compiled on CUDA, fused elsewhere; triton = the fused kernel)")
     parser.add_argument("--basis", default="qr", choices=["qr", "cholesky"], help="PUTM per-task basis")
+    parser.add_argument("--triton-kernel", default=None, choices=["wide", "chunked"],
+                        help="solver=triton: which kernel (default: wide)")
     parser.add_argument("--triton-block-p", type=int, default=None, help="solver=triton: pairs per tile")
-    parser.add_argument("--triton-block-k", type=int, default=None, help="solver=triton: input columns per chunk")
+    parser.add_argument("--triton-block-k", type=int, default=None,
+                        help="solver=triton: input columns per chunk (chunked kernel)")
+    parser.add_argument("--triton-adam", default=None, choices=["exact", "fast"],
+                        help="solver=triton: Adam's square root and divisions correctly rounded (default) or by the "
+                             "GPU's approximate instructions (wide kernel)")
     parser.add_argument("--triton-warps", type=int, default=None, help="solver=triton: warps per program")
     parser.add_argument("--triton-programs", type=int, default=None,
                         help="solver=triton: programs per launch (default: one per task)")
@@ -282,8 +291,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference-max-tasks", type=int, default=1000,
                         help="largest T given to the reference (one batch, no chunking; memory grows with T)")
     parser.add_argument("--sm90-resources", action="store_true",
-                        help="print the Triton kernel's registers, spills and shared memory on sm_90 (compiled here, "
-                             "no GPU needed) for the tile configurations of the sweep, and exit")
+                        help="print the Triton kernels' registers, spills, shared memory and estimated instructions "
+                             "per Adam step on sm_90 (compiled here, no GPU needed) for the configurations of the "
+                             "sweep, and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--implementation", default="ours", help=argparse.SUPPRESS)

@@ -8,11 +8,11 @@
 #   1. the CUDA tests of the fused Triton E-step kernel (solver=triton)      python -m pytest -m cuda tests/test_putm_triton.py
 #   2. solver=triton, 1-shot, tasks/s at T = 1000 (+ the reference on the same GPU when a checkout is given) and 10000,
 #      then its cross-check against the fp32 engine with the noise floor     bench_putm.py, crosscheck_putm.py
-#   3. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
+#   3. the kernels compared: the chunked kernel (measured first, 2026-11-27) and the wide kernel's configurations
+#      (pair tile, warps, exact or fast Adam), T = 1000, 50 EM steps each              bench_putm.py --triton-*
+#   4. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
 #      reasons, pipe and memory use; skipped without ncu)
-#   4. solver=triton, 5-shot: tasks/s at T = 1000 (+ the reference) and 10000, and its cross-check
-#   5. a tile-size sweep (T = 1000, 5 EM steps, extrapolated; the warm-up compiles each kernel, untimed), and 132
-#      persistent programs
+#   5. solver=triton, 5-shot: tasks/s at T = 1000 (+ the reference) and 10000, and its cross-check
 #   6. all CUDA-marked tests                                                  python -m pytest -m cuda
 #   7. the default solver (compiled) at T = 1000 and 10000, --solver compiled, the reference at T = 10000, and the
 #      fast path's cross-check                                               bench_putm.py, crosscheck_putm.py
@@ -155,7 +155,17 @@ run_step "PUTM solver, --solver triton, 1-shot, T = 1000" text "${TRITON[@]}" --
 run_step "PUTM solver, --solver triton, 1-shot, T = 10000" text "${TRITON[@]}" --sizes 10000 "${BIG[@]}"
 run_step "Triton vs fp32 engine, 1-shot" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000 \
     --solver triton --shots 1
-# 3: where an E-step's time goes: the 6th launch of the kernel (the warm-up's and the first E-steps' passed)
+# 3: the kernels and their configurations compared (T = 1000, the full 50 EM steps; the warm-up compiles each
+#    kernel, untimed): the chunked kernel measured on 2026-11-27 first, for the ratio in the same session
+for VARIANT in "chunked 32 16 8 exact" "wide 32 16 8 fast" "wide 128 16 8 exact" "wide 32 16 16 exact" \
+    "wide 16 16 8 exact" "wide 64 16 8 exact" "wide 32 16 4 exact" "chunked 64 16 8 exact" "chunked 32 16 4 exact"; do
+    read -r KERNEL BLOCK_P BLOCK_K WARPS ADAM <<<"$VARIANT"
+    run_step "Triton sweep $KERNEL BLOCK_P=$BLOCK_P$([[ $KERNEL == chunked ]] && echo " BLOCK_K=$BLOCK_K") \
+warps=$WARPS Adam=$ADAM" text "${TRITON[@]}" --sizes 1000 --triton-kernel "$KERNEL" --triton-block-p "$BLOCK_P" \
+        --triton-block-k "$BLOCK_K" --triton-warps "$WARPS" --triton-adam "$ADAM"
+done
+run_step "Triton sweep, 132 persistent programs" text "${TRITON[@]}" --sizes 1000 --triton-programs 132
+# 4: where an E-step's time goes: the 6th launch of the kernel (the warm-up's and the first E-steps' passed)
 if command -v ncu >/dev/null; then
     run_step "Triton kernel: Nsight Compute profile of one E-step of 1000 tasks" text ncu --launch-skip 5 \
         --launch-count 1 -k regex:e_step_kernel --section SpeedOfLight --section Occupancy --section LaunchStats \
@@ -164,18 +174,11 @@ if command -v ncu >/dev/null; then
 else
     echo "| Triton kernel: Nsight Compute profile | SKIPPED (no ncu on PATH) | 0 |" >>"$SUMMARY"
 fi
-# 4: 5 shots
+# 5: 5 shots
 run_step "PUTM solver, --solver triton, 5-shot" text "${TRITON[@]}" --sizes 1000 10000 --shots 5 "${BIG[@]}" \
     "${REFERENCE_ARGS[@]}"
 run_step "Triton vs fp32 engine, 5-shot" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000 \
     --solver triton --shots 5
-# 5: tile sweep: pairs per tile x input columns per chunk x warps; 5 EM steps (times extrapolated to 50)
-for TILE in "32 16 8" "16 16 8" "64 16 8" "32 32 8" "16 32 8" "32 16 4" "16 16 4" "64 32 8"; do
-    read -r BLOCK_P BLOCK_K WARPS <<<"$TILE"
-    run_step "Triton sweep BLOCK_P=$BLOCK_P BLOCK_K=$BLOCK_K warps=$WARPS" text "${TRITON[@]}" --sizes 1000 \
-        --em-steps 5 --triton-block-p "$BLOCK_P" --triton-block-k "$BLOCK_K" --triton-warps "$WARPS"
-done
-run_step "Triton sweep, 132 persistent programs" text "${TRITON[@]}" --sizes 1000 --em-steps 5 --triton-programs 132
 # 6: every CUDA test
 run_step "CUDA-marked tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider
 # 7: the default solver (compiled), for the ratio in the same session, and the reference at T = 10000

@@ -163,20 +163,29 @@ PUTM_CASES = {
 }
 
 
+#: The kernels of ``solver=triton`` (``KernelConfig.kernel``); every interpreter case runs on each.
+KERNELS = ("wide", "chunked")
+
+
 def interpreted_cases() -> dict[str, object]:
-    """Every interpreter case (run in the child, ``TRITON_INTERPRET=1``)."""
+    """Every interpreter case, for each kernel (run in the child, ``TRITON_INTERPRET=1``)."""
+    from lightning_putm.methods.putm import triton_engine
+
     torch.set_num_threads(1)
-    results: dict[str, object] = {
-        "grad 1-shot (m=80, 75 queries)": one_step_gradients(75, 80),
-        "grad 5-shot (m=100, 75 queries)": one_step_gradients(75, 100),
-        "grad balanced (theta 0.001, rho 1)": one_step_gradients(15, 80, rho=1.0, theta=0.001),
-        "grad theta 0.3, rho 0.7": one_step_gradients(15, 80, rho=0.7, theta=0.3),
-        "grad bf16": one_step_gradients(15, 80, torch.bfloat16),
-        "two E-steps": two_e_steps(),
-        "active": active_mask(),
-    }
-    for name, case in PUTM_CASES.items():
-        results[f"putm {name}"] = putm_predictions(*case)
+    results: dict[str, object] = {}
+    for kernel in KERNELS:
+        triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig(kernel=kernel)
+        results |= {
+            f"{kernel}: grad 1-shot (m=80, 75 queries)": one_step_gradients(75, 80),
+            f"{kernel}: grad 5-shot (m=100, 75 queries)": one_step_gradients(75, 100),
+            f"{kernel}: grad balanced (theta 0.001, rho 1)": one_step_gradients(15, 80, rho=1.0, theta=0.001),
+            f"{kernel}: grad theta 0.3, rho 0.7": one_step_gradients(15, 80, rho=0.7, theta=0.3),
+            f"{kernel}: grad bf16": one_step_gradients(15, 80, torch.bfloat16),
+            f"{kernel}: two E-steps": two_e_steps(),
+            f"{kernel}: active": active_mask(),
+        }
+        for name, case in PUTM_CASES.items():
+            results[f"{kernel}: putm {name}"] = putm_predictions(*case)
     return results
 
 
@@ -205,30 +214,33 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
                                             # θ = 0.3: the balance term's large constant slope cancels in the
                                             # softmax backward, so fp32 rounding weighs more (~1.5e-5 measured)
                                             ("grad theta 0.3, rho 0.7", 5e-5)])
-def test_one_step_gradient_matches_the_fused_engine(interpreted, case, tolerance):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_one_step_gradient_matches_the_fused_engine(interpreted, kernel, case, tolerance):
     """Kills: a wrong term in the CT-loss gradient (θ cases: the balance term), a wrong LeakyReLU backward, a
     transposed weight, a tile or chunk that misses pairs or input columns (m = 80 and 100 are not multiples of the
-    chunk; 375 pairs not of the tile), a wrong Adam first-moment update."""
-    result = interpreted[case]
+    chunk nor powers of two; 375 pairs not a multiple of the tile), a wrong Adam first-moment update."""
+    result = interpreted[f"{kernel}: {case}"]
     assert result["fused"].abs().max() > 0
     assert relative(result["triton"], result["fused"]) < tolerance
 
 
-def test_bf16_products_round_like_the_fused_engine(interpreted):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_bf16_products_round_like_the_fused_engine(interpreted, kernel):
     """bf16: the kernel rounds where the fused engine's bf16 products round. Kills: bf16 ignored (the gap to fp32,
     ~3%), the interpreter's truncating bf16 cast or its bf16 tl.dot (measured 5.7% off before the bit-level
     rounding)."""
-    result = interpreted["grad bf16"]
+    result = interpreted[f"{kernel}: grad bf16"]
     gap = relative(result["fused"], result["fused_fp32"])
     assert gap > 1e-2  # bf16 really changes the gradient, so the next line means something
     assert relative(result["triton"], result["fused"]) < gap / 20
 
 
-def test_adam_step_count_carries_across_e_steps(interpreted):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_adam_step_count_carries_across_e_steps(interpreted, kernel):
     """The second E-step continues Adam's step count (bias corrections of steps 3 and 4, not 1 and 2) and returns
     π_f, π_b of its last step before the update. Kills: a schedule restarting each E-step (the ``restarted``
     engine shows that this test sees it: 2.5e-3 off, measured), π from after the update, π_f and π_b swapped."""
-    result = interpreted["two E-steps"]
+    result = interpreted[f"{kernel}: two E-steps"]
     assert result["steps"] == 4
     for step in (0, 1):
         for got, expected in zip(result[f"triton{step}"], result[f"fused{step}"]):
@@ -237,10 +249,11 @@ def test_adam_step_count_carries_across_e_steps(interpreted):
     assert restarted_error > 1e-4
 
 
-def test_inactive_tasks_return_at_once(interpreted):
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_inactive_tasks_return_at_once(interpreted, kernel):
     """A task whose ``active`` flag is 0 keeps its navigator and Adam state and its output rows; the others get
     exactly what they get with every task active. Kills: the flag ignored, a flag read for the wrong task."""
-    result = interpreted["active"]
+    result = interpreted[f"{kernel}: active"]
     one, others = result["task1_elements"], result["task02_elements"]
     assert torch.equal(result["masked_flat"][one], result["start"][one])
     assert not result["masked_exp_avg"][one].any()
@@ -250,13 +263,14 @@ def test_inactive_tasks_return_at_once(interpreted):
     assert not torch.equal(result["all_flat"][one], result["start"][one])  # task 1 does move when active
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", list(PUTM_CASES))
-def test_putm_predictions_match_the_fused_engine(interpreted, name):
+def test_putm_predictions_match_the_fused_engine(interpreted, kernel, name):
     """End to end (the EM loop, M-steps, final E-step): the same predictions as ``solver=fused`` within fp32
     noise (bf16: the fused engine's bf16). After a few steps the navigator's probabilities are still close to
     uniform, so the bound is relative to how far they are from it. Kills: π of the wrong step, a re-draw that keeps
     Adam's moments or step count, early stopping that drops or reruns a task (the EM step counts are compared)."""
-    result = interpreted[f"putm {name}"]
+    result = interpreted[f"{kernel}: putm {name}"]
     fused, triton = result["fused"], result["triton"]
     signal = (fused - 1 / fused.shape[2]).abs().max().item()
     assert signal > 3e-3
@@ -270,12 +284,23 @@ def test_putm_predictions_match_the_fused_engine(interpreted, name):
 
 
 # ------------------------------------------------------------------------------------------ on a GPU
+#: (kernel, precision, exact Adam) of the CUDA test: both kernels in both precisions, and the wide kernel's
+#: approximate Adam (the interpreter computes it exactly, so only a GPU can check it)
+CUDA_CASES = [("wide", "fp32", True), ("wide", "bf16", True), ("chunked", "fp32", True), ("chunked", "bf16", True),
+              ("wide", "bf16", False)]
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_compiled_kernel_on_cuda_matches_the_fused_engine(precision):
+@pytest.mark.parametrize("kernel,precision,exact_adam", CUDA_CASES,
+                         ids=[f"{k}-{p}{'' if e else '-fast-adam'}" for k, p, e in CUDA_CASES])
+def test_compiled_kernel_on_cuda_matches_the_fused_engine(kernel, precision, exact_adam, monkeypatch):
     """The compiled kernel (not the interpreter) on the GPU, against the fused engine on the same GPU: one-step
     gradients of 8 tasks of the real 1-shot shape (75 queries, m = 80) and a few EM steps end to end. Kills: a
     GPU-only miscompilation or race (a missing barrier between the kernel's phases), TF32 where fp32 was asked."""
+    from lightning_putm.methods.putm import triton_engine
+
+    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(kernel=kernel,
+                                                                                    exact_adam=exact_adam))
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     gradients = one_step_gradients(75, 80, dtype, "cuda", tasks=8)
     assert relative(gradients["triton"], gradients["fused"]) < (1e-4 if precision == "fp32" else 1e-2)
@@ -350,6 +375,27 @@ def test_unsupported_shape_falls_back_to_compiled_with_one_notice(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
+def test_wide_kernel_hands_larger_shapes_to_the_chunked_kernel():
+    """The wide kernel accumulates ∂W1 in registers, so a basis wider than 128 columns (or a hidden layer wider
+    than 128) runs the chunked kernel; within the limits the wide one runs, with its padded width. Kills: the
+    wide kernel launched on a shape whose accumulators cannot fit, the chunked kernel run where wide was asked, an
+    unknown kernel name accepted."""
+    from lightning_putm.methods.putm.step import pair_inputs
+    from lightning_putm.methods.putm.triton_engine import KernelConfig, kernel_for
+
+    assert kernel_for(KernelConfig(), 80, (128, 64)) == "wide"
+    assert kernel_for(KernelConfig(), 129, (128, 64)) == "chunked"
+    assert kernel_for(KernelConfig(), 80, (256, 64)) == "chunked"
+    assert kernel_for(KernelConfig(kernel="chunked"), 80, (128, 64)) == "chunked"
+    with pytest.raises(ValueError, match="KernelConfig.kernel='tiled'"):
+        KernelConfig(kernel="tiled")
+    for m, expected in ((100, 128), (200, None)):
+        _, trainer = engines(1, m, torch.float32)
+        query, prototypes = rows(1, 15, m, 1), rows(1, 5, m, 2)
+        _, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
+        assert constants.get("K_PAD") == expected
+
+
 def h100_specialization(trainer, query, prototypes, respect_do_not_specialize: bool = True) -> list:
     """What Triton keys its compiled H100 kernels on for this launch (the specialization of every argument), computed
     by Triton's own binder for a ``cuda`` sm_90 backend: no GPU needed. ``respect_do_not_specialize=False`` binds
@@ -361,19 +407,21 @@ def h100_specialization(trainer, query, prototypes, respect_do_not_specialize: b
     from triton.runtime.jit import create_function_from_signature
 
     from lightning_putm.methods.putm.step import pair_inputs
-    from lightning_putm.methods.putm.triton_kernels import e_step_kernel
+    from lightning_putm.methods.putm.triton_engine import kernel_function
 
-    params = e_step_kernel.params
+    arguments, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
+    kernel = kernel_function("wide" if "K_PAD" in constants else "chunked")
+    params = kernel.params
     if not respect_do_not_specialize:
         params = [copy.copy(param) for param in params]
         for param in params:
             param.do_not_specialize = False
-    binder = create_function_from_signature(e_step_kernel.signature, params, make_backend(GPUTarget("cuda", 90, 32)))
-    arguments, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
+    binder = create_function_from_signature(kernel.signature, params, make_backend(GPUTarget("cuda", 90, 32)))
     return binder(*arguments, **constants)[1]
 
 
-def test_one_compiled_kernel_serves_every_task_count_and_step():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_one_compiled_kernel_serves_every_task_count_and_step(kernel, monkeypatch):
     """A one-task warm-up, a 48-task chunk and an E-step that starts at Adam step 240 bind to the same compiled
     kernel. Kills: the kernel's ``do_not_specialize`` list dropped: Triton then compiles separate kernels for a
     task count of 1 and for counts and step numbers divisible by 16 — on the first H100 run that put a compilation
@@ -386,6 +434,9 @@ def test_one_compiled_kernel_serves_every_task_count_and_step():
         from triton.runtime.jit import create_function_from_signature  # noqa: F401  (a triton internal)
     except ImportError:
         pytest.skip("this triton has no create_function_from_signature: cannot bind without a GPU")
+    from lightning_putm.methods.putm import triton_engine
+
+    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(kernel=kernel))
     keys = {}
     for tasks, first_step in ((1, 0), (48, 240), (7, 30)):
         _, trainer = engines(tasks, 80, torch.bfloat16, inner_steps=30)
@@ -399,34 +450,70 @@ def test_one_compiled_kernel_serves_every_task_count_and_step():
 
 #: sm_90 (H100) limits: 227 KB of shared memory per block, 255 registers per thread; spills allowed per config.
 SM90_SHARED_BYTES = 227 * 1024
-#: (name, queries, m, precision, most spill-store bytes per thread); measured: 16 bytes in bf16 (the fast path),
-#: 668 in fp32 (its products run on CUDA cores, operands in registers)
-SM90_CONFIGS = [("1-shot bf16", 75, 80, 2, 256), ("5-shot bf16", 75, 100, 2, 256), ("1-shot fp32", 75, 80, 0, 1024)]
+#: (kernel, name, queries, m, precision, most spill-store bytes per thread); measured (triton 3.8): 16 bytes in
+#: bf16 (the fast path; the 5-shot chunked kernel 0), 668 (chunked) and 772 (wide) in fp32, whose products run on
+#: CUDA cores with their operands in registers
+SM90_CONFIGS = [(kernel, *config) for kernel in KERNELS
+                for config in (("1-shot bf16", 75, 80, 2, 256), ("5-shot bf16", 75, 100, 2, 256),
+                               ("1-shot fp32", 75, 80, 0, 1024))]
 
 
-@pytest.mark.parametrize("name,queries,m,precision,max_spills", SM90_CONFIGS, ids=[c[0] for c in SM90_CONFIGS])
-def test_kernel_fits_an_h100(name, queries, m, precision, max_spills):
-    """The engine's default configuration compiles for sm_90 (no GPU needed) within the H100's shared memory and
-    with few spilled bytes (ptxas -v). Kills: a default tile that needs more shared memory than an H100 has (pair
-    tiles of 128 need 305 KB), a change that makes the kernel spill heavily (W2's Adam update in one piece instead
-    of 16 rows at a time: 432 bytes in bf16; fp32 pair tiles of 32: 1804 bytes)."""
+def need_sm90_tool(name: str) -> str:
+    """The path of a tool from the triton wheel, or skip (also when this process built the kernels for the
+    interpreter)."""
     pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         pytest.skip("TRITON_INTERPRET is set in this process: the kernels were built for the interpreter")
-    from lightning_putm.methods.putm.triton_resources import shipped_tool, sm90_resources
+    from lightning_putm.methods.putm.triton_resources import shipped_tool
 
-    ptxas = shipped_tool("ptxas")
-    if ptxas is None:
-        pytest.skip("no ptxas (neither in the triton wheel nor on PATH): cannot compile for sm_90 here")
+    path = shipped_tool(name)
+    if path is None:
+        pytest.skip(f"no {name} (neither in the triton wheel nor on PATH): cannot compile for sm_90 here")
+    return path
 
+
+@pytest.mark.parametrize("kernel,name,queries,m,precision,max_spills", SM90_CONFIGS,
+                         ids=[f"{c[0]}-{c[1]}" for c in SM90_CONFIGS])
+def test_kernel_fits_an_h100(kernel, name, queries, m, precision, max_spills):
+    """The engine's default tiles compile for sm_90 (no GPU needed) within the H100's shared memory and with few
+    spilled bytes (ptxas -v), for both kernels. Kills: a default tile that needs more shared memory than an H100
+    has (pair tiles of 128 need 305 KB), a change that makes the kernel spill heavily (W2's Adam update in one
+    piece instead of 16 rows at a time: 432 bytes in bf16; fp32 pair tiles of 32: 1804 bytes)."""
+    ptxas = need_sm90_tool("ptxas")
     from lightning_putm.methods.putm.triton_engine import DEFAULT_CONFIG
+    from lightning_putm.methods.putm.triton_resources import sm90_resources
 
-    usage = sm90_resources(queries=queries, ways=5, m=m, precision=precision, ptxas=ptxas,
+    usage = sm90_resources(queries=queries, ways=5, m=m, precision=precision, ptxas=ptxas, kernel=kernel,
                            block_p=DEFAULT_CONFIG.pair_tile(precision), block_k=DEFAULT_CONFIG.block_k,
                            num_warps=DEFAULT_CONFIG.num_warps)
     assert usage["registers"] <= 255
     assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
     assert usage["spill_store_bytes"] <= max_spills, usage
+
+
+#: What Nsight Compute counted on an H100 (2026-11-27, docs/gpu.md) for one launch of the chunked kernel at its
+#: default tiles (bf16, 1 shot, 8 warps): 1 task, 2 Adam steps; warp instructions executed, all warps.
+NCU_CHUNKED = {"total": 511_080 / 2, "tensor core": 14_592 / 2, "barriers": 18_432 / 2}
+
+
+def test_instruction_estimate_agrees_with_the_h100_profile():
+    """The CPU estimate of the warp instructions per Adam step (sm_90 machine code weighted by loop trip counts)
+    against the H100's own count for the chunked kernel: within 10% in all (+6% measured), tensor-core
+    instructions exact, barriers within 5% (−3%). And the wide kernel, built to need fewer instructions and
+    barriers, does: measured 1.9x and 3.1x fewer. Kills: trip counts ignored or applied twice, the E-step's
+    one-off code counted per Adam step (a task loop taken for the step loop), the wide kernel back to per-tile
+    weight conversions."""
+    nvdisasm = need_sm90_tool("nvdisasm")
+    from lightning_putm.methods.putm.triton_resources import sm90_instruction_estimate
+
+    chunked = sm90_instruction_estimate(kernel="chunked", nvdisasm=nvdisasm)
+    warps = chunked["total"] // chunked["per warp"]
+    assert abs(chunked["total"] / NCU_CHUNKED["total"] - 1) < 0.10, chunked
+    assert chunked["tensor core"] * warps == NCU_CHUNKED["tensor core"], chunked
+    assert abs(chunked["barriers"] * warps / NCU_CHUNKED["barriers"] - 1) < 0.05, chunked
+    wide = sm90_instruction_estimate(kernel="wide", nvdisasm=nvdisasm)
+    assert wide["total"] < chunked["total"] / 1.5, (wide, chunked)
+    assert wide["barriers"] < chunked["barriers"] / 2.5, (wide, chunked)
 
 
 if __name__ == "__main__":  # the child process: TRITON_INTERPRET=1 is set by the fixture

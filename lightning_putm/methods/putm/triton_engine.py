@@ -1,7 +1,8 @@
 """The ``triton`` E-step engine: one fused Triton kernel per E-step (``solver=triton``). Not part of the paper.
 
 :class:`TritonTrainer` runs the whole E-step of Algorithm 1 (``inner_steps`` Adam steps of every task's
-navigator on the CT loss) as one launch of :func:`.triton_kernels.e_step_kernel`: one program per task (or per
+navigator on the CT loss) as one launch of a fused kernel (:class:`KernelConfig`: the wide kernel of
+:mod:`.triton_wide` by default, or the chunked one of :mod:`.triton_kernels`): one program per task (or per
 group of tasks, :class:`KernelConfig`), the navigator forward, the CT-loss gradient and the backward written by
 hand, and Adam's update, with the weights and Adam moments in the navigator's flat buffers. It computes what the
 ``fused`` engine computes (:mod:`.engines`): the same loss gradient, the same Adam formula with the same bias
@@ -40,21 +41,53 @@ MAX_WAYS, MAX_HEAD, MAX_HIDDEN, MAX_DIM = 64, 16384, 256, 1024
 
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
-    """Tile sizes of the kernel: pairs per tile (``None``: 32 in bf16, 16 in fp32/TF32, whose fp32 tiles spill
-    less on sm_90: 668 instead of 1804 bytes per thread, docs/gpu.md), input columns per chunk, warps per
-    program, and programs per launch (``None``: one per task; fewer make each program solve several tasks in turn
-    and shrink the scratch to that many tasks). ``benchmarks/bench_putm.py --triton-*`` sweeps them on a GPU."""
+    """Which kernel runs and its tile sizes.
 
+    ``kernel``: ``"wide"`` (:func:`.triton_wide.e_step_kernel_wide`: the inputs written once per E-step, every
+    product over the whole basis width, one backward pass) or ``"chunked"`` (:func:`.triton_kernels.e_step_kernel`,
+    the first design, measured on an H100 in docs/gpu.md: products over ``block_k`` input columns at a time). The
+    wide kernel holds ``∂W1`` in registers, so it serves bases of at most :data:`WIDE_MAX_DIM` columns and hidden
+    widths of at most :data:`WIDE_MAX_HIDDEN`; beyond them the chunked kernel runs. ``block_p``: pairs per tile
+    (``None``: 32 in bf16, 16 in fp32/TF32, whose fp32 tiles spill less on sm_90, docs/gpu.md); ``block_k``: input
+    columns per chunk (chunked kernel only); ``num_warps``: warps per program; ``programs``: programs per launch
+    (``None``: one per task; fewer make each program solve several tasks in turn and shrink the scratch to that
+    many tasks); ``exact_adam``: Adam's square root and divisions correctly rounded like torch's (``False``: the
+    GPU's approximate instructions, within 2 ulp, wide kernel only). ``benchmarks/bench_putm.py --triton-*`` sets
+    them on a GPU."""
+
+    kernel: str = "wide"
     block_p: int | None = None
     block_k: int = 16
     num_warps: int = 8
     programs: int | None = None
+    exact_adam: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kernel not in KERNELS:
+            raise ValueError(f"KernelConfig.kernel={self.kernel!r}: one of {', '.join(KERNELS)}")
 
     def pair_tile(self, precision: int) -> int:
         """``block_p`` for a kernel ``PRECISION`` (:mod:`.triton_kernels`: 2 = bf16)."""
         if self.block_p is not None:
             return self.block_p
         return 32 if precision == 2 else 16
+
+
+#: The kernels :class:`KernelConfig` can name.
+KERNELS = ("wide", "chunked")
+#: Largest basis width and hidden widths of the wide kernel (its ``∂W1`` and ``∂W2`` accumulate in registers:
+#: at the default tiles 128 x 128 and 128 x 64 fp32 fit the 255 registers of sm_90 without spilling).
+WIDE_MAX_DIM, WIDE_MAX_HIDDEN = 128, 128
+#: Elements per block of the wide kernel's Adam update (each weight matrix is one flat range).
+WIDE_ADAM_BLOCK = 2048
+
+
+def kernel_for(config: KernelConfig, dim: int, hidden: tuple[int, int]) -> str:
+    """The kernel that runs for a basis width and hidden widths: ``config.kernel``, unless the wide kernel was
+    asked for a shape beyond it (then ``"chunked"``)."""
+    if config.kernel == "wide" and (dim > WIDE_MAX_DIM or max(hidden) > WIDE_MAX_HIDDEN):
+        return "chunked"
+    return config.kernel
 
 
 #: The configuration a new :class:`TritonTrainer` uses (the benchmark's sweep replaces it).
@@ -87,6 +120,15 @@ def kernels() -> ModuleType:
     from lightning_putm.methods.putm import triton_kernels
 
     return triton_kernels
+
+
+def kernel_function(name: str):
+    """The Triton kernel of a :class:`KernelConfig` ``kernel`` name (its module imported on first use)."""
+    if name == "wide":
+        from lightning_putm.methods.putm import triton_wide
+
+        return triton_wide.e_step_kernel_wide
+    return kernels().e_step_kernel
 
 
 def kernel_precision(compute_dtype: torch.dtype, device: torch.device) -> int:
@@ -178,7 +220,8 @@ class TritonTrainer(Engine):
                                                                                                     torch.Tensor]:
         """One kernel launch over all tasks; returns the (persistent) π_f and π_b buffers."""
         arguments, constants, grid = self.kernel_arguments(query, prototypes, cost)
-        kernels().e_step_kernel[grid](*arguments, **constants, num_warps=self.config.num_warps, num_stages=1)
+        kernel = kernel_function("wide" if "K_PAD" in constants else "chunked")
+        kernel[grid](*arguments, **constants, num_warps=self.config.num_warps, num_stages=1)
         return self._outputs  # type: ignore[return-value]
 
     def kernel_arguments(self, query: torch.Tensor, prototypes: torch.Tensor,
@@ -195,7 +238,9 @@ class TritonTrainer(Engine):
         padded_pairs = -(-pairs // block_p) * block_p
         programs = t if config.programs is None else max(1, min(t, config.programs))
         scratch_dtype = torch.float32 if k.INTERPRETED else self.compute_dtype
-        scratch = self.scratch(programs, padded_pairs, h1, h2, scratch_dtype)
+        wide = kernel_for(config, m, (h1, h2)) == "wide"
+        k_pad = max(16, power_of_two(m))
+        scratch = self.scratch(programs, padded_pairs, h1, h2, scratch_dtype, k_pad if wide else 0)
         if self._outputs is None or self._outputs[0].shape != cost.shape:
             self._outputs = (torch.zeros_like(cost), torch.zeros_like(cost))
         forward, backward = self._outputs
@@ -204,20 +249,26 @@ class TritonTrainer(Engine):
         for part in [*weights, *biases][:-1]:
             starts.append(starts[-1] + part.numel())
         beta1, beta2 = s.adam_betas
+        buffers = ([scratch["x0"], scratch["h1"], scratch["h2"], scratch["logits"], scratch["grad"], scratch["dw"]]
+                   if wide else [scratch["h1"], scratch["h2"], scratch["logits"], scratch["grad"], scratch["dw"]])
         arguments = [query, prototypes, cost, nav.flat, self.exp_avg, self.exp_avg_sq, self.active,
-                     self.schedule(self.steps + s.inner_steps), forward, backward,
-                     scratch["h1"], scratch["h2"], scratch["logits"], scratch["grad"], scratch["dw2"],
+                     self.schedule(self.steps + s.inner_steps), forward, backward, *buffers,
                      t, s.inner_steps, self.steps, *starts[1:],
                      s.negative_slope, s.rho, s.theta, 1 - beta1, beta2, 1 - beta2, ADAM_EPS]
         constants = dict(Q=q, N=n, M=m, H1=h1, H2=h2, W3S=weights[-1].shape[2], Q_PAD=power_of_two(q),
                          N_PAD=power_of_two(n), P_PAD=padded_pairs, BLOCK_P=block_p, BLOCK_K=config.block_k,
                          PRECISION=precision, INTERPRET=k.INTERPRETED, LERP_FROM_END=not abs(1 - beta1) < 0.5,
                          BALANCE=s.theta != 0)
+        if wide:
+            del constants["BLOCK_K"]
+            constants.update(K_PAD=k_pad, ADAM_BLOCK=WIDE_ADAM_BLOCK, EXACT=config.exact_adam)
         return arguments, constants, (programs,)
 
-    def scratch(self, programs: int, pairs: int, h1: int, h2: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """The per-program activations (kept between launches of the same size)."""
-        shape = (programs, pairs, h1, h2, dtype)
+    def scratch(self, programs: int, pairs: int, h1: int, h2: int, dtype: torch.dtype,
+                k_pad: int = 0) -> dict[str, torch.Tensor]:
+        """The per-program activations (kept between launches of the same size). ``k_pad`` > 0: the wide kernel's,
+        with the inputs ``[pairs, k_pad]`` and room for both ``∂W1`` and ``∂W2``."""
+        shape = (programs, pairs, h1, h2, dtype, k_pad)
         if self._scratch.get("shape") != shape:
             device = self.navigator.flat.device
             self._scratch = {"shape": shape,  # type: ignore[dict-item]
@@ -225,7 +276,9 @@ class TritonTrainer(Engine):
                              "h2": torch.empty(programs, pairs, h2, device=device, dtype=dtype),
                              "logits": torch.empty(programs, pairs, device=device),
                              "grad": torch.empty(programs, pairs, device=device),
-                             "dw2": torch.empty(programs, h1, h2, device=device)}
+                             "dw": torch.empty(programs, k_pad * h1 + h1 * h2, device=device)}
+            if k_pad:
+                self._scratch["x0"] = torch.empty(programs, pairs, k_pad, device=device, dtype=dtype)
         return self._scratch
 
 

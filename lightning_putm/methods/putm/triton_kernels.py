@@ -113,6 +113,33 @@ def _inputs(query_ptr, proto_ptr, pairs, pair_ok, cols, N: tl.constexpr, M: tl.c
     return difference * difference
 
 
+@triton.jit
+def _ct_head(logits, cost, head_mask, classes, rho, theta, Q: tl.constexpr, N: tl.constexpr,
+             BALANCE: tl.constexpr):
+    """The CT loss on the ``[Q_PAD, N_PAD]`` block of logits (:func:`.loss.ct_loss_gradient`, paper Eq. 7–9):
+    π_f (softmax over classes), π_b (softmax over queries) and the loss gradient ∂L/∂logits, balance term
+    included (``BALANCE``); padded rows and columns give 0."""
+    row_max = tl.max(logits, axis=1)
+    e_rows = tl.where(head_mask, tl.exp(logits - row_max[:, None]), 0.0)
+    row_sum = tl.sum(e_rows, axis=1)
+    forward = e_rows / tl.where(row_sum > 0, row_sum, 1.0)[:, None]  # padded rows: 0, not 0/0
+    col_max = tl.max(logits, axis=0)
+    e_cols = tl.where(head_mask, tl.exp(logits - col_max[None, :]), 0.0)
+    col_sum = tl.sum(e_cols, axis=0)
+    backward = e_cols / tl.where(col_sum > 0, col_sum, 1.0)[None, :]
+    transport = 1.0 - theta if BALANCE else 1.0
+    grad_forward = (transport * rho / Q) * cost
+    grad_backward = (transport * (1.0 - rho) / N) * cost
+    if BALANCE:
+        balance = tl.sum(rho * forward + (1.0 - rho) * backward, axis=0)
+        balance_slope = tl.where(classes < N, (theta / N) * (2.0 * (balance - 1.0 / N)), 0.0)
+        grad_forward = grad_forward + balance_slope[None, :] * rho
+        grad_backward = grad_backward + balance_slope[None, :] * (1.0 - rho)
+    grad_logits = (forward * (grad_forward - tl.sum(grad_forward * forward, axis=1)[:, None])
+                   + backward * (grad_backward - tl.sum(grad_backward * backward, axis=0)[None, :]))
+    return forward, backward, grad_logits
+
+
 #: Runtime integers that Triton must not specialize on (it compiles a separate kernel for an integer equal to 1 and
 #: for one divisible by 16): the task count and Adam's step counts change between launches of one shape (a
 #: one-task warm-up, then 1000 tasks; E-step 9 starts at step 240), and each new value class cost a compilation of
@@ -193,24 +220,8 @@ def e_step_kernel(
                 tl.debug_barrier()
                 # ---- 2. the CT head (loss.ct_loss_gradient): π_f, π_b and ∂L/∂logits on the [Q, N] block
                 logits = tl.load(logit_scratch + head_index, mask=head_mask, other=-1.0e30)
-                row_max = tl.max(logits, axis=1)
-                e_rows = tl.where(head_mask, tl.exp(logits - row_max[:, None]), 0.0)
-                row_sum = tl.sum(e_rows, axis=1)
-                forward = e_rows / tl.where(row_sum > 0, row_sum, 1.0)[:, None]  # padded rows: 0, not 0/0
-                col_max = tl.max(logits, axis=0)
-                e_cols = tl.where(head_mask, tl.exp(logits - col_max[None, :]), 0.0)
-                col_sum = tl.sum(e_cols, axis=0)
-                backward = e_cols / tl.where(col_sum > 0, col_sum, 1.0)[None, :]
-                transport = 1.0 - theta if BALANCE else 1.0
-                grad_forward = (transport * rho / Q) * cost
-                grad_backward = (transport * (1.0 - rho) / N) * cost
-                if BALANCE:
-                    balance = tl.sum(rho * forward + (1.0 - rho) * backward, axis=0)
-                    balance_slope = tl.where(classes < N, (theta / N) * (2.0 * (balance - 1.0 / N)), 0.0)
-                    grad_forward = grad_forward + balance_slope[None, :] * rho
-                    grad_backward = grad_backward + balance_slope[None, :] * (1.0 - rho)
-                grad_logits = (forward * (grad_forward - tl.sum(grad_forward * forward, axis=1)[:, None])
-                               + backward * (grad_backward - tl.sum(grad_backward * backward, axis=0)[None, :]))
+                forward, backward, grad_logits = _ct_head(logits, cost, head_mask, classes, rho, theta, Q, N,
+                                                          BALANCE)
                 tl.store(gout_scratch + head_index, -grad_logits, mask=head_mask)
                 if step == inner_steps - 1:
                     tl.store(forward_ptr + t * (Q * N) + head_index, forward, mask=head_mask)

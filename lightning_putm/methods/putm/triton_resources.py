@@ -4,11 +4,19 @@
 wheel) reports its registers, spills and stack; Triton's metadata gives the shared memory it asks for at launch.
 Not part of the paper: a check that a kernel configuration (:class:`.triton_engine.KernelConfig`) will launch.
 
-    python -m lightning_putm.methods.putm.triton_resources          # the table of docs/gpu.md
+:func:`sm90_instruction_estimate` goes one step further without a GPU: it counts the warp instructions one Adam
+step executes, from the sm_90 machine code (``nvdisasm``, also in the wheel) weighted by how often each loop runs.
+On the chunked kernel it came within 7% of what Nsight Compute counted on an H100 (docs/gpu.md), so two
+configurations can be compared before a GPU is at hand; time per instruction it cannot tell.
+
+    python -m lightning_putm.methods.putm.triton_resources          # the tables of docs/gpu.md
 """
 
 from __future__ import annotations
 
+import ast
+import collections
+import inspect
 import re
 import subprocess
 import tempfile
@@ -30,35 +38,54 @@ def shipped_tool(name: str) -> str | None:
     return str(path) if path.is_file() else shutil.which(name)
 
 
-def sm90_resources(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
-                   block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
-                   balance: bool = False, ptxas: str | None = None) -> dict[str, int]:
-    """Registers per thread, spill bytes, stack bytes and shared memory of one kernel configuration on sm_90.
-
-    ``precision``: 0 fp32, 1 TF32, 2 bf16 (:mod:`.triton_kernels`). Raises ``RuntimeError`` without ptxas.
-    """
+def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
+                 block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
+                 balance: bool = False, kernel: str = "chunked", exact_adam: bool = True):
+    """The kernel compiled for an H100 (``GPUTarget("cuda", 90, 32)``), with the compile-time constants it was built
+    for: ``(compiled, constants)``. ``precision``: 0 fp32, 1 TF32, 2 bf16 (:mod:`.triton_kernels`); ``kernel``:
+    ``"wide"`` or ``"chunked"`` (:class:`.triton_engine.KernelConfig`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from lightning_putm.methods.putm import triton_kernels
-    from lightning_putm.methods.putm.triton_engine import power_of_two
+    from lightning_putm.methods.putm.triton_engine import WIDE_ADAM_BLOCK, kernel_function, power_of_two
 
-    ptxas = ptxas or shipped_tool("ptxas")
-    if ptxas is None:
-        raise RuntimeError("no ptxas (neither in the triton wheel nor on PATH)")
     if triton_kernels.INTERPRETED:
         raise RuntimeError("the kernels were built for the interpreter (TRITON_INTERPRET=1): unset it")
     pairs = queries * ways
     scratch = "*bf16" if precision == 2 else "*fp32"
-    signature = {name: "*fp32" for name in POINTERS} | {"active_ptr": "*i8", "h1_ptr": scratch, "h2_ptr": scratch}
+    wide = kernel == "wide"
+    pointers = POINTERS[:10] + ("x0_ptr", "h1_ptr", "h2_ptr", "logit_ptr", "gout_ptr", "grad_ptr") if wide \
+        else POINTERS
+    signature = {name: "*fp32" for name in pointers} | {"active_ptr": "*i8", "h1_ptr": scratch, "h2_ptr": scratch}
+    if wide:
+        signature["x0_ptr"] = scratch
     signature |= {name: "i32" for name in INTEGERS} | {name: "fp32" for name in FLOATS}
-    constants = dict(Q=queries, N=ways, M=m, H1=hidden[0], H2=hidden[1], W3S=8, Q_PAD=power_of_two(queries),
-                     N_PAD=power_of_two(ways), P_PAD=-(-pairs // block_p) * block_p, BLOCK_P=block_p,
-                     BLOCK_K=block_k, PRECISION=precision, INTERPRET=False, LERP_FROM_END=True, BALANCE=balance)
+    constants: dict[str, object] = dict(
+        Q=queries, N=ways, M=m, H1=hidden[0], H2=hidden[1], W3S=8, Q_PAD=power_of_two(queries),
+        N_PAD=power_of_two(ways), P_PAD=-(-pairs // block_p) * block_p, BLOCK_P=block_p, BLOCK_K=block_k,
+        PRECISION=precision, INTERPRET=False, LERP_FROM_END=True, BALANCE=balance)
+    if wide:
+        del constants["BLOCK_K"]
+        constants.update(K_PAD=max(16, power_of_two(m)), ADAM_BLOCK=WIDE_ADAM_BLOCK, EXACT=exact_adam)
     signature |= {name: "constexpr" for name in constants}
-    compiled = triton.compile(ASTSource(triton_kernels.e_step_kernel, signature, constexprs=constants),
+    compiled = triton.compile(ASTSource(kernel_function(kernel), signature, constexprs=constants),
                               target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=1))
+    return compiled, constants
+
+
+def sm90_resources(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
+                   block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
+                   balance: bool = False, ptxas: str | None = None, kernel: str = "chunked",
+                   exact_adam: bool = True) -> dict[str, int]:
+    """Registers per thread, spill bytes, stack bytes and shared memory of one kernel configuration on sm_90
+    (arguments of :func:`compile_sm90`). Raises ``RuntimeError`` without ptxas."""
+    ptxas = ptxas or shipped_tool("ptxas")
+    if ptxas is None:
+        raise RuntimeError("no ptxas (neither in the triton wheel nor on PATH)")
+    compiled, _ = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, balance, kernel,
+                               exact_adam)
     with tempfile.TemporaryDirectory() as folder:
         ptx = Path(folder) / "kernel.ptx"
         ptx.write_text(compiled.asm["ptx"])
@@ -74,18 +101,146 @@ def sm90_resources(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[
             "shared_bytes": int(compiled.metadata.shared)}
 
 
+#: Opcode groups of the instruction estimate (the grouping of docs/gpu.md's Nsight Compute table).
+OPCODE_GROUPS = {
+    "fp32": ("FMUL", "FADD", "FFMA", "FSETP", "MUFU", "FCHK", "FMNMX", "FSEL", "FRND"),
+    "shared memory": ("LDS", "STS", "LDSM", "STSM"),
+    "bf16 conversion": ("F2FP", "F2F", "PRMT", "HSETP2", "HMUL2"),
+    "barriers": ("BAR",),
+    "global memory": ("LDG", "STG", "LDL", "STL"),
+    "tensor core": ("HMMA", "HGMMA", "WARPGROUP"),
+    "shuffles": ("SHFL",),
+}
+_INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)(.*)")
+
+
+def _loops(function, sizes: dict[str, int]) -> list[tuple[int, int, int | str]]:
+    """The kernel's ``for`` loops as ``(first line, last line, trip count)`` in its file; ``"step"`` for the loop
+    over Adam steps, ``"task"`` for the loop over tasks (both counted once: the estimate is per step and task)."""
+    lines, first = inspect.getsourcelines(function.fn)
+    loops: list[tuple[int, int, int | str]] = []
+    for node in ast.walk(ast.parse("".join(lines))):
+        if isinstance(node, ast.For):
+            bounds = [ast.unparse(argument) for argument in node.iter.args]  # type: ignore[attr-defined]
+            if bounds == ["inner_steps"]:
+                trips: int | str = "step"
+            elif "num_tasks" in bounds:
+                trips = "task"
+            else:
+                trips = len(range(*[eval(bound, {}, dict(sizes)) for bound in bounds]))  # noqa: S307 (constants)
+            loops.append((node.lineno + first - 1, node.end_lineno + first - 1, trips))  # type: ignore[operator]
+    return loops
+
+
+def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]]) -> collections.Counter:
+    """Warp instructions per Adam step of one task, by opcode, from ``nvdisasm -gi`` output of the kernel.
+
+    Every backward branch closes a machine-code loop; from the innermost out, each is matched to the innermost
+    source loop not matched yet that holds at least 60% of its instructions (by their outermost source line), and
+    its instructions are multiplied by that loop's trip count.
+    A loop the compiler unrolled has no backward branch, so its copies are counted once each, as they run.
+    Instructions outside the Adam-step loop (once per E-step) are left out."""
+    instructions: list[tuple[str, str, int]] = []
+    labels: dict[str, int] = {}
+    line = 0
+    for raw in sass.splitlines():
+        text = raw.strip()
+        if text.startswith("//##"):
+            numbers = re.findall(r"line (\d+)", text)
+            line = int(numbers[-1]) if numbers else line
+            continue
+        label = re.match(r"^(\.L_x_\d+):", text)
+        if label:
+            labels[label.group(1)] = len(instructions)
+            continue
+        found = _INSTRUCTION.match(raw)
+        if found:
+            instructions.append((found.group(1).split(".")[0], found.group(2), line))
+    closing = []  # machine-code loops as (first, last) instruction
+    for end, (opcode, operands, _) in enumerate(instructions):
+        target = re.search(r"\.L_x_\d+", operands) if opcode == "BRA" else None
+        if target is not None and labels[target.group(0)] <= end:
+            closing.append((labels[target.group(0)], end))
+    weight = [1] * len(instructions)
+    in_step = [False] * len(instructions)
+    matched: set[tuple[int, int, int | str]] = set()
+    for start, end in sorted(closing, key=lambda loop: loop[1] - loop[0]):  # inner loops first
+        body = collections.Counter(instructions[k][2] for k in range(start, end + 1))
+        inside = [loop for loop in loops if loop not in matched
+                  and sum(n for at, n in body.items() if loop[0] <= at <= loop[1]) >= 0.6 * (end + 1 - start)]
+        if not inside:
+            continue
+        loop = min(inside, key=lambda loop: loop[1] - loop[0])
+        matched.add(loop)
+        for k in range(start, end + 1):
+            if loop[2] == "step":
+                in_step[k] = True
+            elif loop[2] != "task":
+                weight[k] *= int(loop[2])
+    counts: collections.Counter = collections.Counter()
+    for k, (opcode, _, _) in enumerate(instructions):
+        if in_step[k]:
+            counts[opcode] += weight[k]
+    return counts
+
+
+def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
+                              block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
+                              kernel: str = "chunked", exact_adam: bool = True,
+                              nvdisasm: str | None = None) -> dict[str, int]:
+    """Warp instructions that one Adam step of one task executes on sm_90, estimated from the machine code
+    (:func:`count_adam_step`): ``total`` (all warps of the program), ``per warp``, and per warp by
+    :data:`OPCODE_GROUPS` (the rest: ``integer and control``). Raises ``RuntimeError`` without nvdisasm."""
+    nvdisasm = nvdisasm or shipped_tool("nvdisasm")
+    if nvdisasm is None:
+        raise RuntimeError("no nvdisasm (neither in the triton wheel nor on PATH)")
+    compiled, constants = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, False,
+                                       kernel, exact_adam)
+    with tempfile.TemporaryDirectory() as folder:
+        cubin = Path(folder) / "kernel.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        sass = subprocess.run([nvdisasm, "-gi", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    from lightning_putm.methods.putm.triton_engine import kernel_function
+
+    function = kernel_function(kernel)
+    sizes = {name: value for name, value in constants.items() if isinstance(value, int)} | {"P": queries * ways}
+    counts = count_adam_step(sass, _loops(function, sizes))
+    per_warp = sum(counts.values())
+    out = {"total": per_warp * num_warps, "per warp": per_warp}
+    grouped = set()
+    for group, opcodes in OPCODE_GROUPS.items():
+        out[group] = sum(counts[opcode] for opcode in opcodes)
+        grouped.update(opcodes)
+    out["integer and control"] = sum(n for opcode, n in counts.items() if opcode not in grouped)
+    return out
+
+
+#: The configurations of the table: (kernel, shots, m, precision, BLOCK_P, BLOCK_K, warps, exact Adam); the first
+#: row of each group is the kernel's default. The chunked kernel's rows are gpu_check's tile sweep.
+TABLE = [
+    *[("wide", 1, 80, 2, p, 16, w, True) for p, w in ((32, 8), (16, 8), (64, 8), (128, 8), (32, 16), (32, 4))],
+    ("wide", 1, 80, 2, 32, 16, 8, False), ("wide", 5, 100, 2, 32, 16, 8, True), ("wide", 1, 80, 0, 16, 16, 8, True),
+    *[("chunked", 1, 80, 2, p, k, w, True) for p, k, w in ((32, 16, 8), (16, 16, 8), (64, 16, 8), (32, 32, 8),
+                                                          (32, 16, 4))],
+    ("chunked", 5, 100, 2, 32, 16, 8, True), ("chunked", 1, 80, 0, 16, 16, 8, True),
+]
+
+
 def main() -> None:
-    """Print the resources of the default configuration and its neighbours (1- and 5-shot, bf16 and fp32)."""
-    print("| shots | m | precision | BLOCK_P | BLOCK_K | warps | registers | spill stores (B) | stack (B) "
-          "| shared (KB) |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for shots, m in ((1, 80), (5, 100)):
-        for precision, label in ((2, "bf16"), (0, "fp32")):
-            for block_p, block_k, warps in ((32, 16, 8), (16, 16, 8), (64, 16, 8), (32, 32, 8), (32, 16, 4)):
-                usage = sm90_resources(m=m, block_p=block_p, block_k=block_k, num_warps=warps, precision=precision)
-                print(f"| {shots} | {m} | {label} | {block_p} | {block_k} | {warps} | {usage['registers']} | "
-                      f"{usage['spill_store_bytes']} | {usage['stack_bytes']} | {usage['shared_bytes'] / 1024:.0f} |",
-                      flush=True)
+    """Print, for each configuration of :data:`TABLE`, its sm_90 resources and the estimated warp instructions of
+    one Adam step of one task (all warps; per warp: barriers, tensor-core instructions)."""
+    print("| kernel | shots | m | precision | BLOCK_P | BLOCK_K | warps | Adam | registers | spill stores (B) "
+          "| shared (KB) | instructions per Adam step | barriers per warp | tensor-core per warp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for kernel, shots, m, precision, block_p, block_k, warps, exact in TABLE:
+        options = dict(m=m, block_p=block_p, block_k=block_k, num_warps=warps, precision=precision, kernel=kernel,
+                       exact_adam=exact)
+        usage = sm90_resources(**options)  # type: ignore[arg-type]
+        estimate = sm90_instruction_estimate(**options)  # type: ignore[arg-type]
+        print(f"| {kernel} | {shots} | {m} | {'bf16' if precision == 2 else 'fp32'} | {block_p} | "
+              f"{block_k if kernel == 'chunked' else '—'} | {warps} | {'exact' if exact else 'fast'} | "
+              f"{usage['registers']} | {usage['spill_store_bytes']} | {usage['shared_bytes'] / 1024:.0f} | "
+              f"{estimate['total']:,} | {estimate['barriers']:,} | {estimate['tensor core']:,} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,206 @@
+"""The wide fused E-step kernel of ``solver=triton`` (``KernelConfig.kernel="wide"``, the default).
+
+It computes what :func:`.triton_kernels.e_step_kernel` computes (every Adam step of an E-step of a task in one
+Triton program: paper §3, Algorithm 1), with fewer and larger products. That kernel's H100 profile (docs/gpu.md)
+found it bound by instruction issue and barriers, most of them moving the operands of its many small products
+(pair tiles × ``BLOCK_K`` input columns) into the tensor cores' layout. Here
+
+- the squared differences ``(x_j − μ_k)²`` are written once per E-step (they do not change during it), rounded
+  to the compute dtype, as a ``[P_PAD, K_PAD]`` scratch (``K_PAD``: ``M`` rounded up to a power of two, the
+  extra columns zero), so each product takes the whole basis width at once;
+- ``W1`` and ``W2`` become product operands once per Adam step, not once per pair tile;
+- the backward is one pass over the pair tiles that accumulates ``∂W1`` and ``∂W2`` in registers (``∂h1`` never
+  goes to memory), which is why the kernel serves bases and hidden widths up to 128
+  (:data:`.triton_engine.WIDE_MAX_DIM`);
+- Adam runs over each weight matrix as one flat range, optionally with the GPU's approximate square root and
+  division (``EXACT`` false: within 2 ulp, several times fewer instructions).
+
+Rounding follows :mod:`.triton_kernels` (``PRECISION``, ``INTERPRET``): the same values are rounded to bf16 at the
+same places, so both kernels agree with the ``fused`` engine to float rounding.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from lightning_putm.methods.putm.triton_kernels import (RUNTIME_INTEGERS, _adam, _bf16_value, _ct_head, _dot, _inputs,
+                                                        _leaky, _rounded)
+
+
+@triton.jit
+def _operand(x, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """``x`` as a product operand: bf16 on a GPU in bf16 mode (converted once, e.g. a weight matrix reused by every
+    pair tile of an Adam step), its bf16 value as fp32 under the interpreter, unchanged in fp32 and TF32."""
+    if PRECISION == 2:
+        if INTERPRET:
+            return _bf16_value(x, INTERPRET)
+        else:
+            return x.to(tl.bfloat16)
+    else:
+        return x
+
+
+@triton.jit
+def _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets, grad, mask, step_size, bc2_sqrt, weight1, beta2,
+               one_minus_beta2, eps, LERP_FROM_END: tl.constexpr, EXACT: tl.constexpr):
+    """:func:`_adam`, with the square root and the divisions correctly rounded (``EXACT``) or by the GPU's
+    approximate instructions (within 2 ulp; several times fewer instructions)."""
+    m = tl.load(exp_avg_ptr + offsets, mask=mask, other=0.0)
+    v = tl.load(exp_avg_sq_ptr + offsets, mask=mask, other=0.0)
+    p = tl.load(params_ptr + offsets, mask=mask, other=0.0)
+    if LERP_FROM_END:  # torch.lerp with a weight >= 0.5: end − (end − start)·(1 − weight)
+        m = grad - (grad - m) * (1.0 - weight1)
+    else:
+        m = m + weight1 * (grad - m)
+    v = v * beta2 + (one_minus_beta2 * grad) * grad
+    if EXACT:
+        p = p + tl.div_rn(-step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps)
+    else:
+        p = p + (-step_size * m) / (tl.sqrt(v) / bc2_sqrt + eps)
+    tl.store(exp_avg_ptr + offsets, m, mask=mask)
+    tl.store(exp_avg_sq_ptr + offsets, v, mask=mask)
+    tl.store(params_ptr + offsets, p, mask=mask)
+
+
+@triton.jit(do_not_specialize=RUNTIME_INTEGERS)
+def e_step_kernel_wide(
+    query_ptr, proto_ptr, cost_ptr,  # [T, Q, M], [T, N, M], [T, Q, N] float32
+    params_ptr, exp_avg_ptr, exp_avg_sq_ptr,  # flat navigator buffers (Navigator.flat's layout), float32
+    active_ptr,  # [T] int8: 0 = skip the task
+    schedule_ptr,  # [≥ step0 + inner_steps, 2] float32: lr/(1 − β1^s), √(1 − β2^s) of Adam steps s = 1, 2…
+    forward_ptr, backward_ptr,  # [T, Q, N] float32 outputs: π_f, π_b of the last step, before its update
+    x0_ptr, h1_ptr, h2_ptr, logit_ptr, gout_ptr, grad_ptr,  # scratch: [G, P_PAD, K_PAD|H1|H2], [G, P_PAD] twice,
+    num_tasks, inner_steps, step0,                          # [G, K_PAD·H1 + H1·H2]
+    off_w2, off_w3, off_b1, off_b2, off_b3,  # where each segment of the flat buffer starts (W1 at 0)
+    slope, rho, theta, weight1, beta2, one_minus_beta2, eps,
+    Q: tl.constexpr, N: tl.constexpr, M: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, W3S: tl.constexpr,
+    Q_PAD: tl.constexpr, N_PAD: tl.constexpr, P_PAD: tl.constexpr, BLOCK_P: tl.constexpr, K_PAD: tl.constexpr,
+    PRECISION: tl.constexpr, INTERPRET: tl.constexpr, LERP_FROM_END: tl.constexpr, BALANCE: tl.constexpr,
+    ADAM_BLOCK: tl.constexpr = 2048, EXACT: tl.constexpr = True,
+):
+    """``inner_steps`` Adam steps of every active task's navigator (one program, several tasks in turn); the
+    arguments of :func:`.triton_kernels.e_step_kernel`, plus the inputs' scratch and one scratch for both weight
+    gradients (see the module docstring)."""
+    P: tl.constexpr = Q * N
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    hidden1 = tl.arange(0, H1)
+    hidden2 = tl.arange(0, H2)
+    tile = tl.arange(0, BLOCK_P)
+    basis = tl.arange(0, K_PAD)
+    rows = tl.arange(0, Q_PAD)
+    classes = tl.arange(0, N_PAD)
+    head_mask = (rows[:, None] < Q) & (classes[None, :] < N)
+    head_index = rows[:, None] * N + classes[None, :]
+    x0_scratch = x0_ptr + pid.to(tl.int64) * (P_PAD * K_PAD)
+    h1_scratch = h1_ptr + pid.to(tl.int64) * (P_PAD * H1)
+    h2_scratch = h2_ptr + pid.to(tl.int64) * (P_PAD * H2)
+    logit_scratch = logit_ptr + pid.to(tl.int64) * P_PAD
+    gout_scratch = gout_ptr + pid.to(tl.int64) * P_PAD
+    dw1_scratch = grad_ptr + pid.to(tl.int64) * (K_PAD * H1 + H1 * H2)
+    dw2_scratch = dw1_scratch + K_PAD * H1
+    adam_block = tl.arange(0, ADAM_BLOCK)
+    for task in range(pid, num_tasks, programs):
+        if tl.load(active_ptr + task) != 0:
+            t = tl.cast(task, tl.int64)
+            query = query_ptr + t * (Q * M)
+            protos = proto_ptr + t * (N * M)
+            w1 = t * (M * H1)  # offsets of this task's segments in the flat buffers
+            w2 = off_w2 + t * (H1 * H2)
+            w3 = off_w3 + t * (H2 * W3S)
+            b1 = off_b1 + t * H1
+            b2 = off_b2 + t * H2
+            b3 = off_b3 + t
+            cost = tl.load(cost_ptr + t * (Q * N) + head_index, mask=head_mask, other=0.0)
+            # ---- 0. the navigator's inputs, once per E-step (they do not change during it)
+            for p0 in range(0, P_PAD, BLOCK_P):
+                pairs = p0 + tile
+                x0 = _rounded(_inputs(query, protos, pairs, pairs < P, basis, N, M), PRECISION, INTERPRET)
+                tl.store(x0_scratch + pairs[:, None] * K_PAD + basis[None, :], x0)
+            tl.debug_barrier()
+            for step in range(inner_steps):
+                bias1 = _rounded(tl.load(params_ptr + b1 + hidden1), PRECISION, INTERPRET)
+                bias2 = _rounded(tl.load(params_ptr + b2 + hidden2), PRECISION, INTERPRET)
+                w3_row = _rounded(tl.load(params_ptr + w3 + hidden2 * W3S), PRECISION, INTERPRET)
+                bias3 = tl.load(params_ptr + b3)
+                weights2 = _operand(tl.load(params_ptr + w2 + hidden1[:, None] * H2 + hidden2[None, :]), PRECISION,
+                                    INTERPRET)
+                # ---- 1. forward, tile by tile: h1, h2 and the logits to the scratch
+                weights1 = _operand(tl.load(params_ptr + w1 + basis[:, None] * H1 + hidden1[None, :],
+                                            mask=(basis < M)[:, None], other=0.0), PRECISION, INTERPRET)
+                for p0 in range(0, P, BLOCK_P):
+                    pairs = p0 + tile
+                    x0 = tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :])
+                    acc = _dot(x0, weights1, tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION, INTERPRET)
+                    h1 = _leaky(_rounded(acc + bias1[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
+                    tl.store(h1_scratch + pairs[:, None] * H1 + hidden1[None, :], h1)
+                    acc2 = _dot(h1, weights2, tl.zeros((BLOCK_P, H2), dtype=tl.float32), PRECISION, INTERPRET)
+                    h2 = _leaky(_rounded(acc2 + bias2[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
+                    tl.store(h2_scratch + pairs[:, None] * H2 + hidden2[None, :], h2)
+                    out = _rounded(tl.sum(h2 * w3_row[None, :], axis=1), PRECISION, INTERPRET)
+                    tl.store(logit_scratch + pairs, -(out + bias3))
+                tl.debug_barrier()
+                # ---- 2. the CT head (loss.ct_loss_gradient): π_f, π_b and ∂L/∂logits on the [Q, N] block
+                logits = tl.load(logit_scratch + head_index, mask=head_mask, other=-1.0e30)
+                forward, backward, grad_logits = _ct_head(logits, cost, head_mask, classes, rho, theta, Q, N,
+                                                          BALANCE)
+                tl.store(gout_scratch + head_index, -grad_logits, mask=head_mask)
+                if step == inner_steps - 1:
+                    tl.store(forward_ptr + t * (Q * N) + head_index, forward, mask=head_mask)
+                    tl.store(backward_ptr + t * (Q * N) + head_index, backward, mask=head_mask)
+                tl.debug_barrier()
+                # ---- 3. backward in one pass over the pair tiles: ∂W1 and ∂W2 accumulate together
+                grad_w1 = tl.zeros((K_PAD, H1), dtype=tl.float32)
+                grad_w2 = tl.zeros((H1, H2), dtype=tl.float32)
+                grad_w3 = tl.zeros((H2,), dtype=tl.float32)
+                grad_b1 = tl.zeros((H1,), dtype=tl.float32)
+                grad_b2 = tl.zeros((H2,), dtype=tl.float32)
+                grad_b3 = tl.zeros((BLOCK_P,), dtype=tl.float32)
+                for p0 in range(0, P, BLOCK_P):
+                    pairs = p0 + tile
+                    g_out = tl.load(gout_scratch + pairs, mask=pairs < P, other=0.0)
+                    grad_b3 += g_out
+                    g3 = _rounded(g_out, PRECISION, INTERPRET)
+                    h2 = tl.load(h2_scratch + pairs[:, None] * H2 + hidden2[None, :]).to(tl.float32)
+                    grad_w3 += tl.sum(h2 * g3[:, None], axis=0)
+                    g2 = _rounded(g3[:, None] * w3_row[None, :], PRECISION, INTERPRET)
+                    g2 = _rounded(tl.where(h2 > 0, g2, g2 * slope), PRECISION, INTERPRET)
+                    grad_b2 += tl.sum(g2, axis=0)
+                    h1 = tl.load(h1_scratch + pairs[:, None] * H1 + hidden1[None, :]).to(tl.float32)
+                    grad_w2 = _dot(tl.trans(h1), g2, grad_w2, PRECISION, INTERPRET)
+                    g1 = _rounded(_dot(g2, tl.trans(weights2), tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION,
+                                       INTERPRET), PRECISION, INTERPRET)
+                    g1 = _rounded(tl.where(h1 > 0, g1, g1 * slope), PRECISION, INTERPRET)
+                    grad_b1 += tl.sum(g1, axis=0)
+                    x0 = tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :])
+                    grad_w1 = _dot(tl.trans(x0), g1, grad_w1, PRECISION, INTERPRET)
+                # ∂W1 and ∂W2 through the scratch, so that their Adam updates run 16 rows at a time (the whole
+                # blocks at once, with the weights and both moments in registers, would spill)
+                tl.store(dw1_scratch + basis[:, None] * H1 + hidden1[None, :], _rounded(grad_w1, PRECISION,
+                                                                                         INTERPRET))
+                tl.store(dw2_scratch + hidden1[:, None] * H2 + hidden2[None, :], _rounded(grad_w2, PRECISION,
+                                                                                           INTERPRET))
+                tl.debug_barrier()
+                step_size = tl.load(schedule_ptr + 2 * (step0 + step))
+                bc2_sqrt = tl.load(schedule_ptr + 2 * (step0 + step) + 1)
+                for e0 in range(0, M * H1, ADAM_BLOCK):
+                    flat = e0 + adam_block
+                    _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w1 + flat, tl.load(dw1_scratch + flat),
+                               flat < M * H1, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps,
+                               LERP_FROM_END, EXACT)
+                for e0 in range(0, H1 * H2, ADAM_BLOCK):
+                    flat = e0 + adam_block
+                    _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w2 + flat, tl.load(dw2_scratch + flat),
+                               flat < H1 * H2, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps,
+                               LERP_FROM_END, EXACT)
+                _adam(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w3 + hidden2 * W3S,
+                      _rounded(grad_w3, PRECISION, INTERPRET), hidden2 < H2, step_size, bc2_sqrt, weight1, beta2,
+                      one_minus_beta2, eps, LERP_FROM_END)
+                _adam(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, b1 + hidden1, grad_b1, hidden1 < H1, step_size,
+                      bc2_sqrt, weight1, beta2, one_minus_beta2, eps, LERP_FROM_END)
+                _adam(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, b2 + hidden2, grad_b2, hidden2 < H2, step_size,
+                      bc2_sqrt, weight1, beta2, one_minus_beta2, eps, LERP_FROM_END)
+                _adam(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, b3 + tile, tl.where(tile == 0, tl.sum(grad_b3), 0.0),
+                      tile == 0, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps, LERP_FROM_END)
+                tl.debug_barrier()
