@@ -18,8 +18,9 @@ def resolve_solver(solver: str, device: torch.device) -> str:
     """``auto`` → ``compiled`` on CUDA (CUDA graphs, compiled step), ``fused`` elsewhere; others unchanged.
 
     On CPU ``fused`` stays the default: it is the bit-exact engine and ``compiled`` was not faster on a
-    2-core CPU (docs/gpu.md). ``auto`` does not pick ``triton``: on an H100 the fused kernel was accurate to the
-    noise floor but no faster than ``compiled`` (346 tasks/s at T = 10,000, docs/gpu.md). ``triton`` where it
+    2-core CPU (docs/gpu.md). ``auto`` does not pick ``triton``: on an H100 its first (chunked) kernel was accurate to
+    the noise floor but no faster than ``compiled`` (346 tasks/s at T = 10,000, docs/gpu.md), and its default wide
+    kernel has not been timed on a GPU yet. ``triton`` where it
     cannot run (no CUDA device, no Triton interpreter) raises :class:`ConfigError`.
     """
     if solver == "triton":

@@ -240,7 +240,7 @@ class TritonTrainer(Engine):
         scratch_dtype = torch.float32 if k.INTERPRETED else self.compute_dtype
         wide = kernel_for(config, m, (h1, h2)) == "wide"
         k_pad = max(16, power_of_two(m))
-        scratch = self.scratch(programs, padded_pairs, h1, h2, scratch_dtype, k_pad if wide else 0)
+        scratch = self.scratch(programs, padded_pairs, h1, h2, scratch_dtype, (k_pad, m) if wide else (0, 0))
         if self._outputs is None or self._outputs[0].shape != cost.shape:
             self._outputs = (torch.zeros_like(cost), torch.zeros_like(cost))
         forward, backward = self._outputs
@@ -265,10 +265,11 @@ class TritonTrainer(Engine):
         return arguments, constants, (programs,)
 
     def scratch(self, programs: int, pairs: int, h1: int, h2: int, dtype: torch.dtype,
-                k_pad: int = 0) -> dict[str, torch.Tensor]:
-        """The per-program activations (kept between launches of the same size). ``k_pad`` > 0: the wide kernel's,
-        with the inputs ``[pairs, k_pad]`` and room for both ``∂W1`` and ``∂W2``."""
-        shape = (programs, pairs, h1, h2, dtype, k_pad)
+                wide: tuple[int, int] = (0, 0)) -> dict[str, torch.Tensor]:
+        """The per-program activations (kept between launches of the same size). ``wide`` = ``(k_pad, m)`` for the
+        wide kernel: the inputs ``[pairs, k_pad]`` and room for both ``∂W1`` (``m`` rows) and ``∂W2``."""
+        k_pad, m = wide
+        shape = (programs, pairs, h1, h2, dtype, wide)
         if self._scratch.get("shape") != shape:
             device = self.navigator.flat.device
             self._scratch = {"shape": shape,  # type: ignore[dict-item]
@@ -276,7 +277,7 @@ class TritonTrainer(Engine):
                              "h2": torch.empty(programs, pairs, h2, device=device, dtype=dtype),
                              "logits": torch.empty(programs, pairs, device=device),
                              "grad": torch.empty(programs, pairs, device=device),
-                             "dw": torch.empty(programs, k_pad * h1 + h1 * h2, device=device)}
+                             "dw": torch.empty(programs, m * h1 + h1 * h2, device=device)}
             if k_pad:
                 self._scratch["x0"] = torch.empty(programs, pairs, k_pad, device=device, dtype=dtype)
         return self._scratch

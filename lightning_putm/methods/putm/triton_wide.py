@@ -71,7 +71,7 @@ def e_step_kernel_wide(
     schedule_ptr,  # [≥ step0 + inner_steps, 2] float32: lr/(1 − β1^s), √(1 − β2^s) of Adam steps s = 1, 2…
     forward_ptr, backward_ptr,  # [T, Q, N] float32 outputs: π_f, π_b of the last step, before its update
     x0_ptr, h1_ptr, h2_ptr, logit_ptr, gout_ptr, grad_ptr,  # scratch: [G, P_PAD, K_PAD|H1|H2], [G, P_PAD] twice,
-    num_tasks, inner_steps, step0,                          # [G, K_PAD·H1 + H1·H2]
+    num_tasks, inner_steps, step0,                          # [G, M·H1 + H1·H2]
     off_w2, off_w3, off_b1, off_b2, off_b3,  # where each segment of the flat buffer starts (W1 at 0)
     slope, rho, theta, weight1, beta2, one_minus_beta2, eps,
     Q: tl.constexpr, N: tl.constexpr, M: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, W3S: tl.constexpr,
@@ -98,8 +98,8 @@ def e_step_kernel_wide(
     h2_scratch = h2_ptr + pid.to(tl.int64) * (P_PAD * H2)
     logit_scratch = logit_ptr + pid.to(tl.int64) * P_PAD
     gout_scratch = gout_ptr + pid.to(tl.int64) * P_PAD
-    dw1_scratch = grad_ptr + pid.to(tl.int64) * (K_PAD * H1 + H1 * H2)
-    dw2_scratch = dw1_scratch + K_PAD * H1
+    dw1_scratch = grad_ptr + pid.to(tl.int64) * (M * H1 + H1 * H2)  # laid out like W1 and W2 in the flat buffer
+    dw2_scratch = dw1_scratch + M * H1
     adam_block = tl.arange(0, ADAM_BLOCK)
     for task in range(pid, num_tasks, programs):
         if tl.load(active_ptr + task) != 0:
@@ -178,7 +178,8 @@ def e_step_kernel_wide(
                 # ∂W1 and ∂W2 through the scratch, so that their Adam updates run 16 rows at a time (the whole
                 # blocks at once, with the weights and both moments in registers, would spill)
                 tl.store(dw1_scratch + basis[:, None] * H1 + hidden1[None, :], _rounded(grad_w1, PRECISION,
-                                                                                         INTERPRET))
+                                                                                         INTERPRET),
+                         mask=(basis < M)[:, None])
                 tl.store(dw2_scratch + hidden1[:, None] * H2 + hidden2[None, :], _rounded(grad_w2, PRECISION,
                                                                                            INTERPRET))
                 tl.debug_barrier()
@@ -186,12 +187,14 @@ def e_step_kernel_wide(
                 bc2_sqrt = tl.load(schedule_ptr + 2 * (step0 + step) + 1)
                 for e0 in range(0, M * H1, ADAM_BLOCK):
                     flat = e0 + adam_block
-                    _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w1 + flat, tl.load(dw1_scratch + flat),
+                    _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w1 + flat,
+                               tl.load(dw1_scratch + flat, mask=flat < M * H1, other=0.0),
                                flat < M * H1, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps,
                                LERP_FROM_END, EXACT)
                 for e0 in range(0, H1 * H2, ADAM_BLOCK):
                     flat = e0 + adam_block
-                    _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w2 + flat, tl.load(dw2_scratch + flat),
+                    _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w2 + flat,
+                               tl.load(dw2_scratch + flat, mask=flat < H1 * H2, other=0.0),
                                flat < H1 * H2, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps,
                                LERP_FROM_END, EXACT)
                 _adam(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w3 + hidden2 * W3S,
