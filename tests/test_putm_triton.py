@@ -396,6 +396,18 @@ def test_wide_kernel_hands_larger_shapes_to_the_chunked_kernel():
         assert constants.get("K_PAD") == expected
 
 
+def test_pair_costs_by_chunks_equal_the_fused_engines(monkeypatch):
+    """The kernel's costs, computed a few tasks at a time so that the squared differences of all tasks never exist
+    at once, are bit for bit those of :func:`pair_inputs` on the whole batch. Kills: a chunk dropped or repeated,
+    chunks concatenated in the wrong order, another summation."""
+    from lightning_putm.methods.putm import triton_engine
+    from lightning_putm.methods.putm.step import pair_inputs
+
+    monkeypatch.setattr(triton_engine, "COST_CHUNK", 2)
+    query, prototypes = rows(5, 15, 80, 3), rows(5, 5, 80, 4)
+    assert torch.equal(triton_engine.pair_costs(query, prototypes), pair_inputs(query, prototypes)[1])
+
+
 def h100_specialization(trainer, query, prototypes, respect_do_not_specialize: bool = True) -> list:
     """What Triton keys its compiled H100 kernels on for this launch (the specialization of every argument), computed
     by Triton's own binder for a ``cuda`` sm_90 backend: no GPU needed. ``respect_do_not_specialize=False`` binds
