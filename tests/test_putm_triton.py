@@ -510,22 +510,39 @@ NCU_CHUNKED = {"total": 511_080 / 2, "tensor core": 14_592 / 2, "barriers": 18_4
 
 def test_instruction_estimate_agrees_with_the_h100_profile():
     """The CPU estimate of the warp instructions per Adam step (sm_90 machine code weighted by loop trip counts)
-    against the H100's own count for the chunked kernel: within 10% in all (+6% measured), tensor-core
-    instructions exact, barriers within 5% (−3%). And the wide kernel, built to need fewer instructions and
-    barriers, does: measured 1.9x and 3.1x fewer. Kills: trip counts ignored or applied twice, the E-step's
-    one-off code counted per Adam step (a task loop taken for the step loop), the wide kernel back to per-tile
-    weight conversions."""
+    against the H100's own count for the chunked kernel: within 20% in all, tensor-core instructions exact,
+    barriers within 10%. Measured: +6% and −3% with triton 3.8 (this suite's), +14% and −7% with triton 3.6 (the
+    build that was profiled). And the wide kernel, built to need fewer instructions and barriers, does: 1.9x and
+    3.1x fewer with either. Kills: trip counts ignored or applied twice, the E-step's one-off code counted per Adam
+    step (a task loop taken for the step loop), the wide kernel back to per-tile weight conversions."""
     nvdisasm = need_sm90_tool("nvdisasm")
     from lightning_putm.methods.putm.triton_resources import sm90_instruction_estimate
 
     chunked = sm90_instruction_estimate(kernel="chunked", nvdisasm=nvdisasm)
     warps = chunked["total"] // chunked["per warp"]
-    assert abs(chunked["total"] / NCU_CHUNKED["total"] - 1) < 0.10, chunked
+    assert abs(chunked["total"] / NCU_CHUNKED["total"] - 1) < 0.20, chunked
     assert chunked["tensor core"] * warps == NCU_CHUNKED["tensor core"], chunked
-    assert abs(chunked["barriers"] * warps / NCU_CHUNKED["barriers"] - 1) < 0.05, chunked
+    assert abs(chunked["barriers"] * warps / NCU_CHUNKED["barriers"] - 1) < 0.10, chunked
     wide = sm90_instruction_estimate(kernel="wide", nvdisasm=nvdisasm)
     assert wide["total"] < chunked["total"] / 1.5, (wide, chunked)
     assert wide["barriers"] < chunked["barriers"] / 2.5, (wide, chunked)
+
+
+def test_instruction_estimate_refuses_a_kernel_whose_step_loop_it_cannot_find():
+    """Machine code whose loops it cannot match to the kernel's (here: every line attributed elsewhere, as a triton
+    whose line tables omit inlining can do) gives an error, not a number. Kills: a silent estimate of a few
+    thousand instructions (what triton 3.6 gave for two configurations before the check)."""
+    from lightning_putm.methods.putm.triton_resources import count_adam_step
+
+    sass = """
+.L_x_0:
+        /*0000*/                   FADD R1, R2, R3 ;
+        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0020*/              @P0 BRA `(.L_x_0) ;
+        /*0030*/                   EXIT ;
+"""
+    with pytest.raises(RuntimeError, match="could not find the loop over Adam steps"):
+        count_adam_step(sass, [(10, 40, "task"), (12, 40, "step")], ("kernel.py", 1, 50))
 
 
 if __name__ == "__main__":  # the child process: TRITON_INTERPRET=1 is set by the fixture

@@ -132,22 +132,29 @@ def _loops(function, sizes: dict[str, int]) -> list[tuple[int, int, int | str]]:
     return loops
 
 
-def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]]) -> collections.Counter:
+def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
+                    kernel: tuple[str, int, int]) -> collections.Counter:
     """Warp instructions per Adam step of one task, by opcode, from ``nvdisasm -gi`` output of the kernel.
 
     Every backward branch closes a machine-code loop; from the innermost out, each is matched to the innermost
-    source loop not matched yet that holds at least 60% of its instructions (by their outermost source line), and
-    its instructions are multiplied by that loop's trip count.
+    source loop not matched yet that holds at least 60% of its instructions attributed to the kernel function's
+    own lines, ``kernel`` = (file, first line, last line). (By their outermost source line: triton 3.8 records
+    where a helper was inlined, triton 3.6 only the helper's line, which then does not vote.) Its instructions are
+    multiplied by that loop's trip count.
     A loop the compiler unrolled has no backward branch, so its copies are counted once each, as they run.
-    Instructions outside the Adam-step loop (once per E-step) are left out."""
+    Instructions outside the Adam-step loop (once per E-step) are left out. Raises ``RuntimeError`` when no
+    machine-code loop holding most of the kernel matched the Adam-step loop."""
     instructions: list[tuple[str, str, int]] = []
     labels: dict[str, int] = {}
     line = 0
     for raw in sass.splitlines():
         text = raw.strip()
         if text.startswith("//##"):
-            numbers = re.findall(r"line (\d+)", text)
-            line = int(numbers[-1]) if numbers else line
+            locations = re.findall(r'"([^"]+)", line (\d+)', text)
+            if locations:  # the outermost: where the kernel itself is, when a helper was inlined
+                path, number = locations[-1]
+                inside = Path(path).resolve() == Path(kernel[0]).resolve() and kernel[1] <= int(number) <= kernel[2]
+                line = int(number) if inside else 0
             continue
         label = re.match(r"^(\.L_x_\d+):", text)
         if label:
@@ -166,8 +173,9 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]]) -> colle
     matched: set[tuple[int, int, int | str]] = set()
     for start, end in sorted(closing, key=lambda loop: loop[1] - loop[0]):  # inner loops first
         body = collections.Counter(instructions[k][2] for k in range(start, end + 1))
-        inside = [loop for loop in loops if loop not in matched
-                  and sum(n for at, n in body.items() if loop[0] <= at <= loop[1]) >= 0.6 * (end + 1 - start)]
+        voters = sum(n for at, n in body.items() if at)
+        inside = [loop for loop in loops if voters and loop not in matched
+                  and sum(n for at, n in body.items() if loop[0] <= at <= loop[1]) >= 0.6 * voters]
         if not inside:
             continue
         loop = min(inside, key=lambda loop: loop[1] - loop[0])
@@ -177,6 +185,10 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]]) -> colle
                 in_step[k] = True
             elif loop[2] != "task":
                 weight[k] *= int(loop[2])
+    if sum(in_step) < 0.5 * len(instructions):  # the Adam-step loop is most of the kernel: a mismatch
+        raise RuntimeError(f"could not find the loop over Adam steps in the machine code ({sum(in_step)} of "
+                           f"{len(instructions)} instructions matched it): this triton's line tables may not say "
+                           "where helpers were inlined (triton 3.6 does not; 3.8 does)")
     counts: collections.Counter = collections.Counter()
     for k, (opcode, _, _) in enumerate(instructions):
         if in_step[k]:
@@ -204,7 +216,9 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
 
     function = kernel_function(kernel)
     sizes = {name: value for name, value in constants.items() if isinstance(value, int)} | {"P": queries * ways}
-    counts = count_adam_step(sass, _loops(function, sizes))
+    lines, first = inspect.getsourcelines(function.fn)
+    counts = count_adam_step(sass, _loops(function, sizes),
+                             (inspect.getsourcefile(function.fn), first, first + len(lines) - 1))
     per_warp = sum(counts.values())
     out = {"total": per_warp * num_warps, "per warp": per_warp}
     grouped = set()
@@ -236,11 +250,19 @@ def main() -> None:
         options = dict(m=m, block_p=block_p, block_k=block_k, num_warps=warps, precision=precision, kernel=kernel,
                        exact_adam=exact)
         usage = sm90_resources(**options)  # type: ignore[arg-type]
-        estimate = sm90_instruction_estimate(**options)  # type: ignore[arg-type]
+        try:
+            estimate: dict[str, int | str] = dict(sm90_instruction_estimate(**options))  # type: ignore[arg-type]
+        except RuntimeError:  # loops not matched (see count_adam_step): no estimate rather than a wrong one
+            estimate = {"total": "—", "barriers": "—", "tensor core": "—"}
         print(f"| {kernel} | {shots} | {m} | {'bf16' if precision == 2 else 'fp32'} | {block_p} | "
               f"{block_k if kernel == 'chunked' else '—'} | {warps} | {'exact' if exact else 'fast'} | "
               f"{usage['registers']} | {usage['spill_store_bytes']} | {usage['shared_bytes'] / 1024:.0f} | "
-              f"{estimate['total']:,} | {estimate['barriers']:,} | {estimate['tensor core']:,} |", flush=True)
+              f"{_thousands(estimate['total'])} | {_thousands(estimate['barriers'])} | "
+              f"{_thousands(estimate['tensor core'])} |", flush=True)
+
+
+def _thousands(value: int | str) -> str:
+    return f"{value:,}" if isinstance(value, int) else value
 
 
 if __name__ == "__main__":
