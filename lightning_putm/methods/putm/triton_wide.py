@@ -175,8 +175,8 @@ def e_step_kernel_wide(
                     grad_b1 += tl.sum(g1, axis=0)
                     x0 = tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :])
                     grad_w1 = _dot(tl.trans(x0), g1, grad_w1, PRECISION, INTERPRET)
-                # ∂W1 and ∂W2 through the scratch, so that their Adam updates run 16 rows at a time (the whole
-                # blocks at once, with the weights and both moments in registers, would spill)
+                # ∂W1 and ∂W2 through the scratch, so that Adam updates each as flat blocks of ADAM_BLOCK elements
+                # (the whole matrices at once, with the weights and both moments in registers, would spill)
                 tl.store(dw1_scratch + basis[:, None] * H1 + hidden1[None, :], _rounded(grad_w1, PRECISION,
                                                                                          INTERPRET),
                          mask=(basis < M)[:, None])
