@@ -114,11 +114,13 @@ def _inputs(query_ptr, proto_ptr, pairs, pair_ok, cols, N: tl.constexpr, M: tl.c
 
 
 @triton.jit
-def _ct_head(logits, cost, head_mask, classes, rho, theta, Q: tl.constexpr, N: tl.constexpr,
-             BALANCE: tl.constexpr):
+def _ct_head(logit_scratch, gout_scratch, forward_out, backward_out, cost, head_index, head_mask, classes, rho,
+             theta, last, Q: tl.constexpr, N: tl.constexpr, BALANCE: tl.constexpr):
     """The CT loss on the ``[Q_PAD, N_PAD]`` block of logits (:func:`.loss.ct_loss_gradient`, paper Eq. 7–9):
-    π_f (softmax over classes), π_b (softmax over queries) and the loss gradient ∂L/∂logits, balance term
-    included (``BALANCE``); padded rows and columns give 0."""
+    reads the logits, writes ∂L/∂logits (negated: the navigator's output is −logit) and, at the ``last`` Adam step,
+    π_f (softmax over classes) and π_b (softmax over queries); the balance term is included with ``BALANCE``;
+    padded rows and columns give 0."""
+    logits = tl.load(logit_scratch + head_index, mask=head_mask, other=-1.0e30)
     row_max = tl.max(logits, axis=1)
     e_rows = tl.where(head_mask, tl.exp(logits - row_max[:, None]), 0.0)
     row_sum = tl.sum(e_rows, axis=1)
@@ -137,7 +139,63 @@ def _ct_head(logits, cost, head_mask, classes, rho, theta, Q: tl.constexpr, N: t
         grad_backward = grad_backward + balance_slope[None, :] * (1.0 - rho)
     grad_logits = (forward * (grad_forward - tl.sum(grad_forward * forward, axis=1)[:, None])
                    + backward * (grad_backward - tl.sum(grad_backward * backward, axis=0)[None, :]))
-    return forward, backward, grad_logits
+    tl.store(gout_scratch + head_index, -grad_logits, mask=head_mask)
+    if last:
+        tl.store(forward_out + head_index, forward, mask=head_mask)
+        tl.store(backward_out + head_index, backward, mask=head_mask)
+
+
+@triton.jit
+def _hidden1(acc, pairs, bias1, slope, h1_scratch, hidden1, H1: tl.constexpr, PRECISION: tl.constexpr,
+             INTERPRET: tl.constexpr):
+    """``h1 = leaky(acc + b1)`` of a pair tile from its first product ``acc`` = ``x0 W1``, rounded where the
+    ``fused`` engine rounds, and written to the scratch."""
+    h1 = _leaky(_rounded(acc + bias1[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
+    tl.store(h1_scratch + pairs[:, None] * H1 + hidden1[None, :], h1)
+    return h1
+
+
+@triton.jit
+def _hidden2_and_logits(h1, pairs, weights2, bias2, w3_row, bias3, slope, h2_scratch, logit_scratch, hidden2,
+                        BLOCK_P: tl.constexpr, H2: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The rest of the forward of a pair tile: ``h2 = leaky(h1 W2 + b2)`` and the logits ``−(h2·w3 + b3)``, each
+    written to its scratch."""
+    acc2 = _dot(h1, weights2, tl.zeros((BLOCK_P, H2), dtype=tl.float32), PRECISION, INTERPRET)
+    h2 = _leaky(_rounded(acc2 + bias2[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
+    tl.store(h2_scratch + pairs[:, None] * H2 + hidden2[None, :], h2)
+    out = _rounded(tl.sum(h2 * w3_row[None, :], axis=1), PRECISION, INTERPRET)
+    tl.store(logit_scratch + pairs, -(out + bias3))
+
+
+@triton.jit
+def _backward_to_g2(pairs, pair_ok, w3_row, slope, gout_scratch, h1_scratch, h2_scratch, hidden1, hidden2, grad_w2,
+                    grad_w3, grad_b2, grad_b3, H1: tl.constexpr, H2: tl.constexpr, PRECISION: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+    """The backward of layer 3 and of layer 2's LeakyReLU for a pair tile: ``∂(h1 W2 + b2)`` and the tile's ``h1``,
+    with the gradient sums of ``W2``, ``w3``, ``b2`` and ``b3`` updated."""
+    g_out = tl.load(gout_scratch + pairs, mask=pair_ok, other=0.0)
+    grad_b3 += g_out
+    g3 = _rounded(g_out, PRECISION, INTERPRET)
+    h2 = tl.load(h2_scratch + pairs[:, None] * H2 + hidden2[None, :]).to(tl.float32)
+    grad_w3 += tl.sum(h2 * g3[:, None], axis=0)
+    g2 = _rounded(g3[:, None] * w3_row[None, :], PRECISION, INTERPRET)
+    g2 = _rounded(tl.where(h2 > 0, g2, g2 * slope), PRECISION, INTERPRET)
+    grad_b2 += tl.sum(g2, axis=0)
+    h1 = tl.load(h1_scratch + pairs[:, None] * H1 + hidden1[None, :]).to(tl.float32)
+    grad_w2 = _dot(tl.trans(h1), g2, grad_w2, PRECISION, INTERPRET)
+    return g2, h1, grad_w2, grad_w3, grad_b2, grad_b3
+
+
+@triton.jit
+def _backward_to_h1(g2, h1, weights2_t, slope, grad_b1, BLOCK_P: tl.constexpr, H1: tl.constexpr,
+                    PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """``∂h1`` of a pair tile after LeakyReLU's backward (``weights2_t``: ``W2ᵀ`` as an operand), with the sum of
+    ``b1``'s gradient updated."""
+    g1 = _rounded(_dot(g2, weights2_t, tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION, INTERPRET), PRECISION,
+                  INTERPRET)
+    g1 = _rounded(tl.where(h1 > 0, g1, g1 * slope), PRECISION, INTERPRET)
+    grad_b1 += tl.sum(g1, axis=0)
+    return g1, grad_b1
 
 
 #: Runtime integers that Triton must not specialize on (it compiles a separate kernel for an integer equal to 1 and
@@ -209,23 +267,14 @@ def e_step_kernel(
                         weights1 = tl.load(params_ptr + w1 + cols[:, None] * H1 + hidden1[None, :],
                                            mask=(cols < M)[:, None], other=0.0)
                         acc = _dot(x0, weights1, acc, PRECISION, INTERPRET)
-                    h1 = _leaky(_rounded(acc + bias1[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
-                    tl.store(h1_scratch + pairs[:, None] * H1 + hidden1[None, :], h1)
+                    h1 = _hidden1(acc, pairs, bias1, slope, h1_scratch, hidden1, H1, PRECISION, INTERPRET)
                     weights2 = tl.load(params_ptr + w2 + hidden1[:, None] * H2 + hidden2[None, :])
-                    acc2 = _dot(h1, weights2, tl.zeros((BLOCK_P, H2), dtype=tl.float32), PRECISION, INTERPRET)
-                    h2 = _leaky(_rounded(acc2 + bias2[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
-                    tl.store(h2_scratch + pairs[:, None] * H2 + hidden2[None, :], h2)
-                    out = _rounded(tl.sum(h2 * w3_row[None, :], axis=1), PRECISION, INTERPRET)
-                    tl.store(logit_scratch + pairs, -(out + bias3))
+                    _hidden2_and_logits(h1, pairs, weights2, bias2, w3_row, bias3, slope, h2_scratch, logit_scratch,
+                                        hidden2, BLOCK_P, H2, PRECISION, INTERPRET)
                 tl.debug_barrier()
                 # ---- 2. the CT head (loss.ct_loss_gradient): π_f, π_b and ∂L/∂logits on the [Q, N] block
-                logits = tl.load(logit_scratch + head_index, mask=head_mask, other=-1.0e30)
-                forward, backward, grad_logits = _ct_head(logits, cost, head_mask, classes, rho, theta, Q, N,
-                                                          BALANCE)
-                tl.store(gout_scratch + head_index, -grad_logits, mask=head_mask)
-                if step == inner_steps - 1:
-                    tl.store(forward_ptr + t * (Q * N) + head_index, forward, mask=head_mask)
-                    tl.store(backward_ptr + t * (Q * N) + head_index, backward, mask=head_mask)
+                _ct_head(logit_scratch, gout_scratch, forward_ptr + t * (Q * N), backward_ptr + t * (Q * N), cost,
+                         head_index, head_mask, classes, rho, theta, step == inner_steps - 1, Q, N, BALANCE)
                 tl.debug_barrier()
                 # ---- 3. backward of layers 3 and 2; ∂h1 replaces h1 in the scratch
                 grad_w2 = tl.zeros((H1, H2), dtype=tl.float32)
@@ -236,21 +285,11 @@ def e_step_kernel(
                 for p0 in range(0, P, BLOCK_P):
                     pairs = p0 + tile
                     pair_ok = pairs < P
-                    g_out = tl.load(gout_scratch + pairs, mask=pair_ok, other=0.0)
-                    grad_b3 += g_out
-                    g3 = _rounded(g_out, PRECISION, INTERPRET)
-                    h2 = tl.load(h2_scratch + pairs[:, None] * H2 + hidden2[None, :]).to(tl.float32)
-                    grad_w3 += tl.sum(h2 * g3[:, None], axis=0)
-                    g2 = _rounded(g3[:, None] * w3_row[None, :], PRECISION, INTERPRET)
-                    g2 = _rounded(tl.where(h2 > 0, g2, g2 * slope), PRECISION, INTERPRET)
-                    grad_b2 += tl.sum(g2, axis=0)
-                    h1 = tl.load(h1_scratch + pairs[:, None] * H1 + hidden1[None, :]).to(tl.float32)
-                    grad_w2 = _dot(tl.trans(h1), g2, grad_w2, PRECISION, INTERPRET)
+                    g2, h1, grad_w2, grad_w3, grad_b2, grad_b3 = _backward_to_g2(
+                        pairs, pair_ok, w3_row, slope, gout_scratch, h1_scratch, h2_scratch, hidden1, hidden2, grad_w2,
+                        grad_w3, grad_b2, grad_b3, H1, H2, PRECISION, INTERPRET)
                     weights2_t = tl.load(params_ptr + w2 + hidden2[:, None] + hidden1[None, :] * H2)
-                    g1 = _rounded(_dot(g2, weights2_t, tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION,
-                                       INTERPRET), PRECISION, INTERPRET)
-                    g1 = _rounded(tl.where(h1 > 0, g1, g1 * slope), PRECISION, INTERPRET)
-                    grad_b1 += tl.sum(g1, axis=0)
+                    g1, grad_b1 = _backward_to_h1(g2, h1, weights2_t, slope, grad_b1, BLOCK_P, H1, PRECISION, INTERPRET)
                     tl.debug_barrier()  # every thread has read this tile's h1 before ∂h1 overwrites it
                     tl.store(h1_scratch + pairs[:, None] * H1 + hidden1[None, :], g1)
                 # ∂W2 through the scratch, so that its Adam update runs 16 rows at a time: the whole [H1, H2]

@@ -24,8 +24,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lightning_putm.methods.putm.triton_kernels import (RUNTIME_INTEGERS, _adam, _bf16_value, _ct_head, _dot, _inputs,
-                                                        _leaky, _rounded)
+from lightning_putm.methods.putm.triton_kernels import (RUNTIME_INTEGERS, _adam, _backward_to_g2, _backward_to_h1,
+                                                        _bf16_value, _ct_head, _dot, _hidden1,
+                                                        _hidden2_and_logits, _inputs, _rounded)
 
 
 @triton.jit
@@ -133,22 +134,13 @@ def e_step_kernel_wide(
                     pairs = p0 + tile
                     x0 = tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :])
                     acc = _dot(x0, weights1, tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION, INTERPRET)
-                    h1 = _leaky(_rounded(acc + bias1[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
-                    tl.store(h1_scratch + pairs[:, None] * H1 + hidden1[None, :], h1)
-                    acc2 = _dot(h1, weights2, tl.zeros((BLOCK_P, H2), dtype=tl.float32), PRECISION, INTERPRET)
-                    h2 = _leaky(_rounded(acc2 + bias2[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
-                    tl.store(h2_scratch + pairs[:, None] * H2 + hidden2[None, :], h2)
-                    out = _rounded(tl.sum(h2 * w3_row[None, :], axis=1), PRECISION, INTERPRET)
-                    tl.store(logit_scratch + pairs, -(out + bias3))
+                    h1 = _hidden1(acc, pairs, bias1, slope, h1_scratch, hidden1, H1, PRECISION, INTERPRET)
+                    _hidden2_and_logits(h1, pairs, weights2, bias2, w3_row, bias3, slope, h2_scratch, logit_scratch,
+                                        hidden2, BLOCK_P, H2, PRECISION, INTERPRET)
                 tl.debug_barrier()
                 # ---- 2. the CT head (loss.ct_loss_gradient): π_f, π_b and ∂L/∂logits on the [Q, N] block
-                logits = tl.load(logit_scratch + head_index, mask=head_mask, other=-1.0e30)
-                forward, backward, grad_logits = _ct_head(logits, cost, head_mask, classes, rho, theta, Q, N,
-                                                          BALANCE)
-                tl.store(gout_scratch + head_index, -grad_logits, mask=head_mask)
-                if step == inner_steps - 1:
-                    tl.store(forward_ptr + t * (Q * N) + head_index, forward, mask=head_mask)
-                    tl.store(backward_ptr + t * (Q * N) + head_index, backward, mask=head_mask)
+                _ct_head(logit_scratch, gout_scratch, forward_ptr + t * (Q * N), backward_ptr + t * (Q * N), cost,
+                         head_index, head_mask, classes, rho, theta, step == inner_steps - 1, Q, N, BALANCE)
                 tl.debug_barrier()
                 # ---- 3. backward in one pass over the pair tiles: ∂W1 and ∂W2 accumulate together
                 grad_w1 = tl.zeros((K_PAD, H1), dtype=tl.float32)
@@ -159,20 +151,11 @@ def e_step_kernel_wide(
                 grad_b3 = tl.zeros((BLOCK_P,), dtype=tl.float32)
                 for p0 in range(0, P, BLOCK_P):
                     pairs = p0 + tile
-                    g_out = tl.load(gout_scratch + pairs, mask=pairs < P, other=0.0)
-                    grad_b3 += g_out
-                    g3 = _rounded(g_out, PRECISION, INTERPRET)
-                    h2 = tl.load(h2_scratch + pairs[:, None] * H2 + hidden2[None, :]).to(tl.float32)
-                    grad_w3 += tl.sum(h2 * g3[:, None], axis=0)
-                    g2 = _rounded(g3[:, None] * w3_row[None, :], PRECISION, INTERPRET)
-                    g2 = _rounded(tl.where(h2 > 0, g2, g2 * slope), PRECISION, INTERPRET)
-                    grad_b2 += tl.sum(g2, axis=0)
-                    h1 = tl.load(h1_scratch + pairs[:, None] * H1 + hidden1[None, :]).to(tl.float32)
-                    grad_w2 = _dot(tl.trans(h1), g2, grad_w2, PRECISION, INTERPRET)
-                    g1 = _rounded(_dot(g2, tl.trans(weights2), tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION,
-                                       INTERPRET), PRECISION, INTERPRET)
-                    g1 = _rounded(tl.where(h1 > 0, g1, g1 * slope), PRECISION, INTERPRET)
-                    grad_b1 += tl.sum(g1, axis=0)
+                    g2, h1, grad_w2, grad_w3, grad_b2, grad_b3 = _backward_to_g2(
+                        pairs, pairs < P, w3_row, slope, gout_scratch, h1_scratch, h2_scratch, hidden1, hidden2,
+                        grad_w2, grad_w3, grad_b2, grad_b3, H1, H2, PRECISION, INTERPRET)
+                    g1, grad_b1 = _backward_to_h1(g2, h1, tl.trans(weights2), slope, grad_b1, BLOCK_P, H1, PRECISION,
+                                                  INTERPRET)
                     x0 = tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :])
                     grad_w1 = _dot(tl.trans(x0), g1, grad_w1, PRECISION, INTERPRET)
                 # ∂W1 and ∂W2 through the scratch, so that Adam updates each as flat blocks of ADAM_BLOCK elements
