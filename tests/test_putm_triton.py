@@ -392,8 +392,9 @@ def test_wide_kernel_hands_larger_shapes_to_the_chunked_kernel():
     for m, expected in ((100, 128), (200, None)):
         _, trainer = engines(1, m, torch.float32)
         query, prototypes = rows(1, 15, m, 1), rows(1, 5, m, 2)
-        _, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
+        name, _, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
         assert constants.get("K_PAD") == expected
+        assert name == ("wide" if expected else "chunked")
 
 
 def test_pair_costs_by_chunks_equal_the_fused_engines(monkeypatch):
@@ -421,8 +422,8 @@ def h100_specialization(trainer, query, prototypes, respect_do_not_specialize: b
     from lightning_putm.methods.putm.step import pair_inputs
     from lightning_putm.methods.putm.triton_engine import kernel_function
 
-    arguments, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
-    kernel = kernel_function("wide" if "K_PAD" in constants else "chunked")
+    name, arguments, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
+    kernel = kernel_function(name)
     params = kernel.params
     if not respect_do_not_specialize:
         params = [copy.copy(param) for param in params]

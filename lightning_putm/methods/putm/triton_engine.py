@@ -76,7 +76,8 @@ class KernelConfig:
 #: The kernels :class:`KernelConfig` can name.
 KERNELS = ("wide", "chunked")
 #: Largest basis width and hidden widths of the wide kernel (its ``∂W1`` and ``∂W2`` accumulate in registers:
-#: at the default tiles 128 x 128 and 128 x 64 fp32 fit the 255 registers of sm_90 without spilling).
+#: at the default tiles 128 x 128 and 128 x 64 fp32 fit the 255 registers of sm_90 with few spilled bytes, 16 per
+#: thread with triton 3.8 and 336 with 3.6, docs/gpu.md).
 WIDE_MAX_DIM, WIDE_MAX_HIDDEN = 128, 128
 #: Elements per block of the wide kernel's Adam update (each weight matrix is one flat range).
 WIDE_ADAM_BLOCK = 2048
@@ -219,15 +220,14 @@ class TritonTrainer(Engine):
     def launch(self, query: torch.Tensor, prototypes: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor,
                                                                                                     torch.Tensor]:
         """One kernel launch over all tasks; returns the (persistent) π_f and π_b buffers."""
-        arguments, constants, grid = self.kernel_arguments(query, prototypes, cost)
-        kernel = kernel_function("wide" if "K_PAD" in constants else "chunked")
-        kernel[grid](*arguments, **constants, num_warps=self.config.num_warps, num_stages=1)
+        name, arguments, constants, grid = self.kernel_arguments(query, prototypes, cost)
+        kernel_function(name)[grid](*arguments, **constants, num_warps=self.config.num_warps, num_stages=1)
         return self._outputs  # type: ignore[return-value]
 
     def kernel_arguments(self, query: torch.Tensor, prototypes: torch.Tensor,
-                         cost: torch.Tensor) -> tuple[list[object], dict[str, object], tuple[int]]:
-        """The kernel's runtime arguments, its compile-time constants and its grid for one launch (the scratch
-        and the output buffers are allocated here, once per shape)."""
+                         cost: torch.Tensor) -> tuple[str, list[object], dict[str, object], tuple[int]]:
+        """Which kernel runs (:func:`kernel_for`), its runtime arguments, its compile-time constants and its grid for
+        one launch (the scratch and the output buffers are allocated here, once per shape)."""
         k, s, nav, config = kernels(), self.settings, self.navigator, self.config
         t, q, m = query.shape
         n = prototypes.shape[1]
@@ -238,7 +238,8 @@ class TritonTrainer(Engine):
         padded_pairs = -(-pairs // block_p) * block_p
         programs = t if config.programs is None else max(1, min(t, config.programs))
         scratch_dtype = torch.float32 if k.INTERPRETED else self.compute_dtype
-        wide = kernel_for(config, m, (h1, h2)) == "wide"
+        name = kernel_for(config, m, (h1, h2))
+        wide = name == "wide"
         k_pad = max(16, power_of_two(m))
         scratch = self.scratch(programs, padded_pairs, h1, h2, scratch_dtype, (k_pad, m) if wide else (0, 0))
         if self._outputs is None or self._outputs[0].shape != cost.shape:
@@ -262,7 +263,7 @@ class TritonTrainer(Engine):
         if wide:
             del constants["BLOCK_K"]
             constants.update(K_PAD=k_pad, ADAM_BLOCK=WIDE_ADAM_BLOCK, EXACT=config.exact_adam)
-        return arguments, constants, (programs,)
+        return name, arguments, constants, (programs,)
 
     def scratch(self, programs: int, pairs: int, h1: int, h2: int, dtype: torch.dtype,
                 wide: tuple[int, int] = (0, 0)) -> dict[str, torch.Tensor]:
