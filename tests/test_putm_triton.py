@@ -546,6 +546,29 @@ def test_instruction_estimate_refuses_a_kernel_whose_step_loop_it_cannot_find():
         count_adam_step(sass, [(10, 40, "task"), (12, 40, "step")], ("kernel.py", 1, 50))
 
 
+def test_instruction_estimate_matches_lines_of_a_kernel_cached_from_another_checkout():
+    """Triton caches compiled kernels by source, not path: machine code compiled in one checkout names that
+    checkout's file. The estimate matches it by the package-relative tail of the path, and still ignores lines of
+    another file. Kills: comparing absolute paths (CI failed so, its cache holding a kernel built elsewhere)."""
+    from lightning_putm.methods.putm.triton_resources import count_adam_step
+
+    def sass(path: str) -> str:
+        return f"""
+.L_x_0:
+        //## File "{path}", line 20 inlined at "{path}", line 30
+        /*0000*/                   FADD R1, R2, R3 ;
+        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0020*/              @P0 BRA `(.L_x_0) ;
+        /*0030*/                   EXIT ;
+"""
+    here = ("/ci/clone/lightning_putm/methods/putm/triton_kernels.py", 1, 50)
+    loops = [(10, 40, "task"), (25, 35, "step")]
+    counts = count_adam_step(sass("/elsewhere/lightning_putm/methods/putm/triton_kernels.py"), loops, here)
+    assert counts == {"FADD": 1, "HMMA": 1, "BRA": 1}
+    with pytest.raises(RuntimeError, match="could not find the loop over Adam steps"):
+        count_adam_step(sass("/elsewhere/lightning_putm/methods/putm/triton_wide.py"), loops, here)
+
+
 if __name__ == "__main__":  # the child process: TRITON_INTERPRET=1 is set by the fixture
     assert os.environ.get("TRITON_INTERPRET") == "1"
     torch.save(interpreted_cases(), sys.argv[1])
