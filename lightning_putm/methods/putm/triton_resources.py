@@ -23,12 +23,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-POINTERS = ("query_ptr", "proto_ptr", "cost_ptr", "params_ptr", "exp_avg_ptr", "exp_avg_sq_ptr", "active_ptr",
-            "schedule_ptr", "forward_ptr", "backward_ptr", "h1_ptr", "h2_ptr", "logit_ptr", "gout_ptr", "dw2_ptr")
-INTEGERS = ("num_tasks", "inner_steps", "step0", "off_w2", "off_w3", "off_b1", "off_b2", "off_b3")
-FLOATS = ("slope", "rho", "theta", "weight1", "beta2", "one_minus_beta2", "eps")
-
-
 def shipped_tool(name: str) -> str | None:
     """``ptxas``/``cuobjdump`` from the triton wheel (``triton/backends/nvidia/bin``), else from PATH."""
     import shutil
@@ -41,38 +35,46 @@ def shipped_tool(name: str) -> str | None:
 
 def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                  block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
-                 balance: bool = False, kernel: str = "chunked", exact_adam: bool = True):
-    """The kernel compiled for an H100 (``GPUTarget("cuda", 90, 32)``), with the compile-time constants it was built
-    for: ``(compiled, constants)``. ``precision``: 0 fp32, 1 TF32, 2 bf16 (:mod:`.triton_kernels`); ``kernel``:
-    ``"wide"`` or ``"chunked"`` (:class:`.triton_engine.KernelConfig`)."""
+                 balance: bool = False, kernel: str = "chunked", exact_adam: bool = True, tasks: int = 100):
+    """The kernel compiled for an H100 (``GPUTarget("cuda", 90, 32)``) exactly as the engine would launch it for
+    ``tasks`` tasks: ``(compiled, constants)``. ``precision``: 0 fp32, 1 TF32, 2 bf16 (:mod:`.triton_kernels`);
+    ``kernel``: ``"wide"`` or ``"chunked"`` (:class:`.triton_engine.KernelConfig`).
+
+    The arguments are the engine's own (:meth:`.triton_engine.TritonTrainer.kernel_arguments`, on CPU tensors), and
+    Triton's launcher decides how they specialize the build, as on the GPU: pointers aligned to 16 bytes and
+    integers divisible by 16 let it vectorize loads and stores. (A build without that specialization, this
+    function's until 2026-11-27, loads one element per instruction: 4x the global loads and stores of what ran.)"""
+    import torch
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
 
     from lightning_putm.methods.putm import triton_kernels
-    from lightning_putm.methods.putm.triton_engine import WIDE_ADAM_BLOCK, kernel_function, power_of_two
+    from lightning_putm.methods.putm.navigator import Navigator
+    from lightning_putm.methods.putm.settings import PUTMSettings
+    from lightning_putm.methods.putm.triton_engine import KernelConfig, TritonTrainer, kernel_function
 
     if triton_kernels.INTERPRETED:
         raise RuntimeError("the kernels were built for the interpreter (TRITON_INTERPRET=1): unset it")
-    pairs = queries * ways
-    scratch = "*bf16" if precision == 2 else "*fp32"
-    wide = kernel == "wide"
-    pointers = POINTERS[:10] + ("x0_ptr", "h1_ptr", "h2_ptr", "logit_ptr", "gout_ptr", "grad_ptr") if wide \
-        else POINTERS
-    signature = {name: "*fp32" for name in pointers} | {"active_ptr": "*i8", "h1_ptr": scratch, "h2_ptr": scratch}
-    if wide:
-        signature["x0_ptr"] = scratch
-    signature |= {name: "i32" for name in INTEGERS} | {name: "fp32" for name in FLOATS}
-    constants: dict[str, object] = dict(
-        Q=queries, N=ways, M=m, H1=hidden[0], H2=hidden[1], W3S=8, Q_PAD=power_of_two(queries),
-        N_PAD=power_of_two(ways), P_PAD=-(-pairs // block_p) * block_p, BLOCK_P=block_p, BLOCK_K=block_k,
-        PRECISION=precision, INTERPRET=False, LERP_FROM_END=True, BALANCE=balance)
-    if wide:
-        del constants["BLOCK_K"]
-        constants.update(K_PAD=max(16, power_of_two(m)), ADAM_BLOCK=WIDE_ADAM_BLOCK, EXACT=exact_adam)
-    signature |= {name: "constexpr" for name in constants}
-    compiled = triton.compile(ASTSource(kernel_function(kernel), signature, constexprs=constants),
-                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=1))
+    settings = PUTMSettings(hidden=list(hidden), theta=0.3 if balance else 0.0)
+    generators = [torch.Generator().manual_seed(task) for task in range(tasks)]
+    navigator = Navigator([m, *hidden, 1], generators, 1000, torch.device("cpu"), torch.float32,
+                          settings.negative_slope, requires_grad=False)
+    config = KernelConfig(kernel=kernel, block_p=block_p, block_k=block_k, num_warps=num_warps,
+                          exact_adam=exact_adam)
+    engine = TritonTrainer(navigator, settings, torch.bfloat16 if precision == 2 else torch.float32, config)
+    name, arguments, constants, _ = engine.kernel_arguments(
+        torch.zeros(tasks, queries, m), torch.zeros(tasks, ways, m), torch.zeros(tasks, queries, ways))
+    constants["PRECISION"] = precision  # TF32 (1) is chosen on CUDA devices only
+    function = kernel_function(name)
+    backend = make_backend(GPUTarget("cuda", 90, 32))
+    launch = dict(constants, num_warps=num_warps, num_stages=1)
+    bound, specialization, options = create_function_from_signature(function.signature, function.params,
+                                                                    backend)(*arguments, **launch)
+    options, signature, constexprs, attrs = function._pack_args(backend, launch, bound, specialization, options)
+    compiled = triton.compile(ASTSource(function, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                              options=options.__dict__)
     return compiled, constants
 
 
