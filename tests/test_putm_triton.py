@@ -463,9 +463,9 @@ def test_one_compiled_kernel_serves_every_task_count_and_step(kernel, monkeypatc
 
 #: sm_90 (H100) limits: 227 KB of shared memory per block, 255 registers per thread; spills allowed per config.
 SM90_SHARED_BYTES = 227 * 1024
-#: (kernel, name, queries, m, precision, most spill-store bytes per thread); measured (triton 3.8): 16 bytes in
-#: bf16 (the fast path; the 5-shot chunked kernel 0), 668 (chunked) and 772 (wide) in fp32, whose products run on
-#: CUDA cores with their operands in registers
+#: (kernel, name, queries, m, precision, most spill-store bytes per thread); measured (triton 3.8, the build the
+#: launcher specializes): at most 88 bytes in bf16 (the fast path), 836 (chunked) and 328 (wide) in fp32, whose
+#: products run on CUDA cores with their operands in registers
 SM90_CONFIGS = [(kernel, *config) for kernel in KERNELS
                 for config in (("1-shot bf16", 75, 80, 2, 256), ("5-shot bf16", 75, 100, 2, 256),
                                ("1-shot fp32", 75, 80, 0, 1024))]
@@ -514,10 +514,11 @@ def test_instruction_estimate_agrees_with_the_h100_profile():
     against the H100's own count for the chunked kernel: within 10% in all and in global loads and stores,
     tensor-core instructions exact, barriers within 15%. Measured with triton 3.8 (this suite's): −4%, −1%, exact,
     +14%; with triton 3.6 (the build that was profiled): +2%, −0.1%, exact, exact. And the wide kernel, built to
-    need fewer instructions and barriers, does: 1.8x and 2.5x fewer. Kills: trip counts ignored or applied twice,
-    the E-step's one-off code counted per Adam step (a task loop taken for the step loop), a build that does not
-    specialize on aligned pointers as the launcher does (4x the global loads and stores), the wide kernel back to
-    per-tile weight conversions."""
+    need fewer instructions and barriers, does: 2.1x and 4.0x fewer (3.6: 2.3x, 3.8x). Kills: trip counts ignored
+    or applied twice, the E-step's one-off code counted per Adam step (a task loop taken for the step loop), a build
+    that does not specialize on aligned pointers as the launcher does (4x the global loads and stores), the wide
+    kernel back to per-tile weight conversions or to reducing the sums of w3's and b2's gradients across warps
+    every tile (1.8x, 2.5x)."""
     nvdisasm = need_sm90_tool("nvdisasm")
     from lightning_putm.methods.putm.triton_resources import sm90_instruction_estimate
 
@@ -528,8 +529,8 @@ def test_instruction_estimate_agrees_with_the_h100_profile():
     assert chunked["tensor core"] * warps == NCU_CHUNKED["tensor core"], chunked
     assert abs(chunked["barriers"] * warps / NCU_CHUNKED["barriers"] - 1) < 0.15, chunked
     wide = sm90_instruction_estimate(kernel="wide", nvdisasm=nvdisasm)
-    assert wide["total"] < chunked["total"] / 1.5, (wide, chunked)
-    assert wide["barriers"] < chunked["barriers"] / 2, (wide, chunked)
+    assert wide["total"] < chunked["total"] / 2, (wide, chunked)
+    assert wide["barriers"] < chunked["barriers"] / 3, (wide, chunked)
 
 
 def test_instruction_estimate_refuses_a_kernel_whose_step_loop_it_cannot_find():

@@ -76,8 +76,8 @@ class KernelConfig:
 #: The kernels :class:`KernelConfig` can name.
 KERNELS = ("wide", "chunked")
 #: Largest basis width and hidden widths of the wide kernel (its ``∂W1`` and ``∂W2`` accumulate in registers:
-#: at the default tiles 128 x 128 and 128 x 64 fp32 fit the 255 registers of sm_90 with few spilled bytes, 16 per
-#: thread with triton 3.8 and 336 with 3.6, docs/gpu.md).
+#: at the default tiles 128 x 128 and 128 x 64 fp32 fit the 255 registers of sm_90 with few spilled bytes, 68 per
+#: thread with triton 3.8 and 120 with 3.6, docs/gpu.md).
 WIDE_MAX_DIM, WIDE_MAX_HIDDEN = 128, 128
 #: Elements per block of the wide kernel's Adam update (each weight matrix is one flat range).
 WIDE_ADAM_BLOCK = 2048

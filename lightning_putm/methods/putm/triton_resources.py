@@ -6,9 +6,9 @@ Not part of the paper: a check that a kernel configuration (:class:`.triton_engi
 
 :func:`sm90_instruction_estimate` goes one step further without a GPU: it counts the warp instructions one Adam
 step executes, from the sm_90 machine code (``nvdisasm``, also in the wheel) weighted by how often each loop runs.
-On the chunked kernel it came within 6% (triton 3.8) to 14% (triton 3.6, the build that was profiled) of what
-Nsight Compute counted on an H100 (docs/gpu.md), so two configurations can be compared before a GPU is at hand;
-time per instruction it cannot tell.
+On the chunked kernel it came within 2% (triton 3.6, the build that was profiled; most instruction classes exact)
+to 4% (triton 3.8) of what Nsight Compute counted on an H100 (docs/gpu.md), so two configurations can be compared
+before a GPU is at hand; time per instruction it cannot tell.
 
     python -m lightning_putm.methods.putm.triton_resources          # the tables of docs/gpu.md
 """

@@ -12,6 +12,11 @@ found it bound by instruction issue and barriers, most of them moving the operan
 - the backward is one pass over the pair tiles that accumulates ``∂W1`` and ``∂W2`` in registers (``∂h1`` never
   goes to memory), which is why the kernel serves bases and hidden widths up to 128
   (:data:`.triton_engine.WIDE_MAX_DIM`);
+- the sums over pairs of the gradients of ``w3`` and ``b2`` are small products on the tensor cores, accumulated
+  over the tiles (:func:`_pair_sums`), not a reduction across the program's warps for every tile;
+- activations and gradients stay bf16 tensors between operations in bf16 mode (:func:`_compute`), so they are
+  stored and multiplied without converting back and forth (triton 3.6, the GPU image's, does not remove those
+  conversions itself);
 - Adam runs over each weight matrix as one flat range, optionally with the GPU's approximate square root and
   division (``EXACT`` false: within 2 ulp, several times fewer instructions).
 
@@ -24,15 +29,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lightning_putm.methods.putm.triton_kernels import (RUNTIME_INTEGERS, _adam, _backward_to_g2, _backward_to_h1,
-                                                        _bf16_value, _ct_head, _dot, _hidden1,
-                                                        _hidden2_and_logits, _inputs, _rounded)
+from lightning_putm.methods.putm.triton_kernels import (RUNTIME_INTEGERS, _adam, _bf16_value, _ct_head, _dot,
+                                                        _inputs, _rounded)
 
 
 @triton.jit
-def _operand(x, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """``x`` as a product operand: bf16 on a GPU in bf16 mode (converted once, e.g. a weight matrix reused by every
-    pair tile of an Adam step), its bf16 value as fp32 under the interpreter, unchanged in fp32 and TF32."""
+def _compute(x, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """fp32 ``x`` in the compute dtype: a bf16 tensor in bf16 mode (rounded to nearest even; under the interpreter,
+    whose casts truncate, fp32 holding that value), else unchanged. Activations and gradients stay in it between
+    operations: they are stored and multiplied as they are, without a conversion back and forth each time."""
     if PRECISION == 2:
         if INTERPRET:
             return _bf16_value(x, INTERPRET)
@@ -40,6 +45,71 @@ def _operand(x, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
             return x.to(tl.bfloat16)
     else:
         return x
+
+
+@triton.jit
+def _leaky(x, slope, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """LeakyReLU of a compute-dtype ``x``, rounded like the fused engine's in-place ``leaky_relu_``."""
+    return tl.where(x > 0, x, _compute(x.to(tl.float32) * slope, PRECISION, INTERPRET))
+
+
+@triton.jit
+def _leaky_backward(g, h, slope, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """LeakyReLU's backward of a compute-dtype gradient ``g``; ``h``, its output, has the sign of its input."""
+    return tl.where(h > 0, g, _compute(g.to(tl.float32) * slope, PRECISION, INTERPRET))
+
+
+@triton.jit
+def _pair_sums(sums, weights, values, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """``sums + weights @ values``: a pair tile's column sums ``Σ_p w_p·values[p, :]`` (``weights`` ``[16, BLOCK_P]``
+    holds ``w`` in row 0, zeros below; row 0 of ``sums`` is the total) on the tensor cores, instead of a reduction
+    across the program's threads and warps for every tile (shuffles and a barrier each). Exact products in bf16
+    (bf16 values multiply exactly in fp32) and fp32; TF32 would round them, so it multiplies in fp32."""
+    if PRECISION == 2:
+        return _dot(weights, values, sums, PRECISION, INTERPRET)
+    else:
+        return tl.dot(weights, values, sums, input_precision="ieee")
+
+
+@triton.jit
+def _forward_tile(x0, pairs, weights1, weights2, bias1, bias2, w3_row, bias3, slope, h1_scratch, h2_scratch,
+                  logit_scratch, hidden1, hidden2, BLOCK_P: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr,
+                  PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The navigator's forward of a pair tile: ``h1``, ``h2`` and the logits ``−(h2·w3 + b3)`` to the scratch."""
+    acc = _dot(x0, weights1, tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION, INTERPRET)
+    h1 = _leaky(_compute(acc + bias1[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
+    tl.store(h1_scratch + pairs[:, None] * H1 + hidden1[None, :], h1)
+    acc = _dot(h1, weights2, tl.zeros((BLOCK_P, H2), dtype=tl.float32), PRECISION, INTERPRET)
+    h2 = _leaky(_compute(acc + bias2[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
+    tl.store(h2_scratch + pairs[:, None] * H2 + hidden2[None, :], h2)
+    out = _rounded(tl.sum(h2.to(tl.float32) * w3_row[None, :], axis=1), PRECISION, INTERPRET)
+    tl.store(logit_scratch + pairs, -(out + bias3))
+
+
+@triton.jit
+def _backward_tile(pairs, pair_ok, x0, weights2, w3_row, ones_row, row0, slope, gout_scratch, h1_scratch,
+                   h2_scratch, hidden1, hidden2, grad_w1, grad_w2, sums_w3, sums_b2, grad_b1, grad_b3,
+                   BLOCK_P: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, PRECISION: tl.constexpr,
+                   INTERPRET: tl.constexpr):
+    """The backward of a pair tile from ``∂L/∂logits`` in the scratch: every gradient sum updated (``w3``'s and
+    ``b2``'s as :func:`_pair_sums`; ``row0``: ``[16]``, true in row 0)."""
+    g_out = tl.load(gout_scratch + pairs, mask=pair_ok, other=0.0)
+    grad_b3 += g_out
+    h2 = tl.load(h2_scratch + pairs[:, None] * H2 + hidden2[None, :])
+    g_out_row = tl.load(gout_scratch + pairs[None, :] + 0 * row0[:, None], mask=row0[:, None] & pair_ok[None, :],
+                        other=0.0)
+    sums_w3 = _pair_sums(sums_w3, _compute(g_out_row, PRECISION, INTERPRET), h2, PRECISION, INTERPRET)
+    g3 = _rounded(g_out, PRECISION, INTERPRET)
+    g2 = _leaky_backward(_compute(g3[:, None] * w3_row[None, :], PRECISION, INTERPRET), h2, slope, PRECISION,
+                         INTERPRET)
+    sums_b2 = _pair_sums(sums_b2, ones_row, g2, PRECISION, INTERPRET)
+    h1 = tl.load(h1_scratch + pairs[:, None] * H1 + hidden1[None, :])
+    grad_w2 = _dot(tl.trans(h1), g2, grad_w2, PRECISION, INTERPRET)
+    g1 = _dot(g2, tl.trans(weights2), tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION, INTERPRET)
+    g1 = _leaky_backward(_compute(g1, PRECISION, INTERPRET), h1, slope, PRECISION, INTERPRET)
+    grad_b1 += tl.sum(g1.to(tl.float32), axis=0)
+    grad_w1 = _dot(tl.trans(x0), g1, grad_w1, PRECISION, INTERPRET)
+    return grad_w1, grad_w2, sums_w3, sums_b2, grad_b1, grad_b3
 
 
 @triton.jit
@@ -102,6 +172,8 @@ def e_step_kernel_wide(
     dw1_scratch = grad_ptr + pid.to(tl.int64) * (M * H1 + H1 * H2)  # laid out like W1 and W2 in the flat buffer
     dw2_scratch = dw1_scratch + M * H1
     adam_block = tl.arange(0, ADAM_BLOCK)
+    row0 = tl.arange(0, 16) == 0
+    ones_row = tl.where(row0[:, None] & (tile[None, :] >= 0), 1.0, 0.0)  # [16, BLOCK_P]: _pair_sums's plain sum
     for task in range(pid, num_tasks, programs):
         if tl.load(active_ptr + task) != 0:
             t = tl.cast(task, tl.int64)
@@ -125,18 +197,16 @@ def e_step_kernel_wide(
                 bias2 = _rounded(tl.load(params_ptr + b2 + hidden2), PRECISION, INTERPRET)
                 w3_row = _rounded(tl.load(params_ptr + w3 + hidden2 * W3S), PRECISION, INTERPRET)
                 bias3 = tl.load(params_ptr + b3)
-                weights2 = _operand(tl.load(params_ptr + w2 + hidden1[:, None] * H2 + hidden2[None, :]), PRECISION,
+                weights2 = _compute(tl.load(params_ptr + w2 + hidden1[:, None] * H2 + hidden2[None, :]), PRECISION,
                                     INTERPRET)
                 # ---- 1. forward, tile by tile: h1, h2 and the logits to the scratch
-                weights1 = _operand(tl.load(params_ptr + w1 + basis[:, None] * H1 + hidden1[None, :],
+                weights1 = _compute(tl.load(params_ptr + w1 + basis[:, None] * H1 + hidden1[None, :],
                                             mask=(basis < M)[:, None], other=0.0), PRECISION, INTERPRET)
                 for p0 in range(0, P, BLOCK_P):
                     pairs = p0 + tile
-                    x0 = tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :])
-                    acc = _dot(x0, weights1, tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION, INTERPRET)
-                    h1 = _hidden1(acc, pairs, bias1, slope, h1_scratch, hidden1, H1, PRECISION, INTERPRET)
-                    _hidden2_and_logits(h1, pairs, weights2, bias2, w3_row, bias3, slope, h2_scratch, logit_scratch,
-                                        hidden2, BLOCK_P, H2, PRECISION, INTERPRET)
+                    _forward_tile(tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :]), pairs, weights1,
+                                  weights2, bias1, bias2, w3_row, bias3, slope, h1_scratch, h2_scratch, logit_scratch,
+                                  hidden1, hidden2, BLOCK_P, H1, H2, PRECISION, INTERPRET)
                 tl.debug_barrier()
                 # ---- 2. the CT head (loss.ct_loss_gradient): π_f, π_b and ∂L/∂logits on the [Q, N] block
                 _ct_head(logit_scratch, gout_scratch, forward_ptr + t * (Q * N), backward_ptr + t * (Q * N), cost,
@@ -145,19 +215,18 @@ def e_step_kernel_wide(
                 # ---- 3. backward in one pass over the pair tiles: ∂W1 and ∂W2 accumulate together
                 grad_w1 = tl.zeros((K_PAD, H1), dtype=tl.float32)
                 grad_w2 = tl.zeros((H1, H2), dtype=tl.float32)
-                grad_w3 = tl.zeros((H2,), dtype=tl.float32)
+                sums_w3 = tl.zeros((16, H2), dtype=tl.float32)  # row 0: Σ_p ∂L/∂logit_p · h2[p, :] (_pair_sums)
+                sums_b2 = tl.zeros((16, H2), dtype=tl.float32)  # row 0: Σ_p ∂h2[p, :]
                 grad_b1 = tl.zeros((H1,), dtype=tl.float32)
-                grad_b2 = tl.zeros((H2,), dtype=tl.float32)
                 grad_b3 = tl.zeros((BLOCK_P,), dtype=tl.float32)
                 for p0 in range(0, P, BLOCK_P):
                     pairs = p0 + tile
-                    g2, h1, grad_w2, grad_w3, grad_b2, grad_b3 = _backward_to_g2(
-                        pairs, pairs < P, w3_row, slope, gout_scratch, h1_scratch, h2_scratch, hidden1, hidden2,
-                        grad_w2, grad_w3, grad_b2, grad_b3, H1, H2, PRECISION, INTERPRET)
-                    g1, grad_b1 = _backward_to_h1(g2, h1, tl.trans(weights2), slope, grad_b1, BLOCK_P, H1, PRECISION,
-                                                  INTERPRET)
-                    x0 = tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :])
-                    grad_w1 = _dot(tl.trans(x0), g1, grad_w1, PRECISION, INTERPRET)
+                    grad_w1, grad_w2, sums_w3, sums_b2, grad_b1, grad_b3 = _backward_tile(
+                        pairs, pairs < P, tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :]), weights2,
+                        w3_row, ones_row, row0, slope, gout_scratch, h1_scratch, h2_scratch, hidden1, hidden2,
+                        grad_w1, grad_w2, sums_w3, sums_b2, grad_b1, grad_b3, BLOCK_P, H1, H2, PRECISION, INTERPRET)
+                grad_w3 = tl.sum(sums_w3, axis=0)
+                grad_b2 = tl.sum(sums_b2, axis=0)
                 # ∂W1 and ∂W2 through the scratch, so that Adam updates each as flat blocks of ADAM_BLOCK elements
                 # (the whole matrices at once, with the weights and both moments in registers, would spill)
                 tl.store(dw1_scratch + basis[:, None] * H1 + hidden1[None, :], _rounded(grad_w1, PRECISION,
