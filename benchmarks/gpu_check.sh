@@ -157,14 +157,19 @@ run_step "Triton vs fp32 engine, 1-shot" text "$PYTHON" benchmarks/crosscheck_pu
     --solver triton --shots 1
 # 3: the kernels and their configurations compared (T = 1000, the full 50 EM steps; the warm-up compiles each
 #    kernel, untimed): the chunked kernel measured on 2026-11-27 first, for the ratio in the same session, then
-#    the wide kernel's most telling variants (approximate Adam; more warps per SM: 16-warp and 4-warp programs;
-#    fewest barriers: pair tiles of 128), those the sm_90 estimate rates worse last
-for VARIANT in "chunked 32 16 8 exact" "wide 32 16 8 fast" "wide 32 16 16 exact" "wide 32 16 4 exact" \
-    "wide 128 16 8 exact" "wide 16 16 8 exact" "wide 64 16 8 exact" "chunked 64 16 8 exact" "chunked 32 16 4 exact"; do
-    read -r KERNEL BLOCK_P BLOCK_K WARPS ADAM <<<"$VARIANT"
+#    the wide kernel's most telling variants (approximate Adam; more warps per SM: registers capped at 128 for two
+#    8-warp programs per SM, 16-warp and 4-warp programs; fewest barriers: pair tiles of 128), those the sm_90
+#    estimate rates worse last. Fields: kernel, BLOCK_P, BLOCK_K, warps, Adam, register cap (- for none)
+for VARIANT in "chunked 32 16 8 exact -" "wide 32 16 8 fast -" "wide 32 16 8 exact 128" "wide 32 16 16 exact -" \
+    "wide 32 16 4 exact -" "wide 128 16 8 exact -" "wide 16 16 8 exact -" "wide 32 16 4 exact 128" \
+    "wide 64 16 8 exact -" "chunked 64 16 8 exact -" "chunked 32 16 4 exact -"; do
+    read -r KERNEL BLOCK_P BLOCK_K WARPS ADAM CAP <<<"$VARIANT"
+    CAP_ARGS=()
+    [[ $CAP != - ]] && CAP_ARGS=(--triton-max-registers "$CAP")
     run_step "Triton sweep $KERNEL BLOCK_P=$BLOCK_P$([[ $KERNEL == chunked ]] && echo " BLOCK_K=$BLOCK_K") \
-warps=$WARPS Adam=$ADAM" text "${TRITON[@]}" --sizes 1000 --triton-kernel "$KERNEL" --triton-block-p "$BLOCK_P" \
-        --triton-block-k "$BLOCK_K" --triton-warps "$WARPS" --triton-adam "$ADAM"
+warps=$WARPS Adam=$ADAM$([[ $CAP != - ]] && echo " registers<=$CAP")" text "${TRITON[@]}" --sizes 1000 \
+        --triton-kernel "$KERNEL" --triton-block-p "$BLOCK_P" --triton-block-k "$BLOCK_K" --triton-warps "$WARPS" \
+        --triton-adam "$ADAM" "${CAP_ARGS[@]}"
 done
 run_step "Triton sweep, 132 persistent programs" text "${TRITON[@]}" --sizes 1000 --triton-programs 132
 # 4: where an E-step's time goes: the 6th launch of the kernel (the warm-up's and the first E-steps' passed)

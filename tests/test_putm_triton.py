@@ -284,23 +284,26 @@ def test_putm_predictions_match_the_fused_engine(interpreted, kernel, name):
 
 
 # ------------------------------------------------------------------------------------------ on a GPU
-#: (kernel, precision, exact Adam) of the CUDA test: both kernels in both precisions, and the wide kernel's
-#: approximate Adam (the interpreter computes it exactly, so only a GPU can check it)
-CUDA_CASES = [("wide", "fp32", True), ("wide", "bf16", True), ("chunked", "fp32", True), ("chunked", "bf16", True),
-              ("wide", "bf16", False)]
+#: (kernel, precision, exact Adam, register cap) of the CUDA test: both kernels in both precisions, the wide
+#: kernel's approximate Adam (the interpreter computes it exactly, so only a GPU can check it) and its registers
+#: capped at 128 (spilled registers, which the interpreter does not have)
+CUDA_CASES = [("wide", "fp32", True, None), ("wide", "bf16", True, None), ("chunked", "fp32", True, None),
+              ("chunked", "bf16", True, None), ("wide", "bf16", False, None), ("wide", "bf16", True, 128)]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kernel,precision,exact_adam", CUDA_CASES,
-                         ids=[f"{k}-{p}{'' if e else '-fast-adam'}" for k, p, e in CUDA_CASES])
-def test_compiled_kernel_on_cuda_matches_the_fused_engine(kernel, precision, exact_adam, monkeypatch):
+@pytest.mark.parametrize("kernel,precision,exact_adam,max_registers", CUDA_CASES,
+                         ids=[f"{k}-{p}{'' if e else '-fast-adam'}{f'-{r}-registers' if r else ''}"
+                              for k, p, e, r in CUDA_CASES])
+def test_compiled_kernel_on_cuda_matches_the_fused_engine(kernel, precision, exact_adam, max_registers,
+                                                          monkeypatch):
     """The compiled kernel (not the interpreter) on the GPU, against the fused engine on the same GPU: one-step
     gradients of 8 tasks of the real 1-shot shape (75 queries, m = 80) and a few EM steps end to end. Kills: a
     GPU-only miscompilation or race (a missing barrier between the kernel's phases), TF32 where fp32 was asked."""
     from lightning_putm.methods.putm import triton_engine
 
-    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(kernel=kernel,
-                                                                                    exact_adam=exact_adam))
+    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(
+        kernel=kernel, exact_adam=exact_adam, max_registers=max_registers))
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
     gradients = one_step_gradients(75, 80, dtype, "cuda", tasks=8)
     assert relative(gradients["triton"], gradients["fused"]) < (1e-4 if precision == "fp32" else 1e-2)
@@ -504,6 +507,38 @@ def test_kernel_fits_an_h100(kernel, name, queries, m, precision, max_spills):
     assert usage["spill_store_bytes"] <= max_spills, usage
 
 
+def test_register_cap_reaches_the_sm90_build():
+    """``KernelConfig.max_registers`` is what the engine launches with (``launch_options``) and what the sm_90 build
+    gets: at most 128 registers, the rest spilled. Kills: a cap that never reaches the compiler (255 registers)."""
+    ptxas = need_sm90_tool("ptxas")
+    from lightning_putm.methods.putm.triton_engine import KernelConfig
+    from lightning_putm.methods.putm.triton_resources import sm90_resources
+
+    assert KernelConfig(max_registers=128).launch_options() == {"num_warps": 8, "num_stages": 1, "maxnreg": 128}
+    assert "maxnreg" not in KernelConfig().launch_options()
+    capped = sm90_resources(kernel="wide", max_registers=128, ptxas=ptxas)
+    assert capped["registers"] <= 128 < sm90_resources(kernel="wide", ptxas=ptxas)["registers"], capped
+    assert capped["spill_store_bytes"] > 0, capped
+
+
+def test_benchmark_flags_set_the_kernel_configuration(monkeypatch):
+    """``bench_putm.py --triton-*`` flags become the engine's :class:`KernelConfig` (how gpu_check.sh's sweep picks
+    each row), unset ones keep the default. Kills: a flag parsed but never applied (the sweep would time the
+    default kernel under another row's name)."""
+    import importlib.util
+
+    from lightning_putm.methods.putm import triton_engine
+
+    spec = importlib.util.spec_from_file_location("bench_putm", ROOT / "benchmarks" / "bench_putm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig())
+    bench.use_triton_config(bench.parse_args(["--solver", "triton", "--triton-warps", "4", "--triton-adam", "fast",
+                                              "--triton-max-registers", "128"]))
+    assert triton_engine.DEFAULT_CONFIG == triton_engine.KernelConfig(num_warps=4, exact_adam=False,
+                                                                      max_registers=128)
+
+
 #: What Nsight Compute counted on an H100 (2026-11-27, docs/gpu.md) for one launch of the chunked kernel at its
 #: default tiles (bf16, 1 shot, 8 warps): 1 task, 2 Adam steps; warp instructions executed, all warps.
 NCU_CHUNKED = {"total": 511_080 / 2, "tensor core": 14_592 / 2, "barriers": 18_432 / 2, "global memory": 16_000 / 2}
@@ -548,6 +583,32 @@ def test_instruction_estimate_refuses_a_kernel_whose_step_loop_it_cannot_find():
 """
     with pytest.raises(RuntimeError, match="could not find the loop over Adam steps"):
         count_adam_step(sass, [(10, 40, "task"), (12, 40, "step")], ("kernel.py", 1, 50))
+
+
+def test_instruction_estimate_refuses_an_unmatched_loop_inside_the_adam_step():
+    """A machine-code loop inside the Adam-step loop that no source loop claims (its lines attributed elsewhere)
+    gives an error: counted once, it would undercount. Kills: the silent estimate triton 3.6 gave for 4-warp
+    programs with 128 registers (half the tensor-core instructions of the triton 3.8 build)."""
+    from lightning_putm.methods.putm.triton_resources import count_adam_step
+
+    sass = """
+.L_x_0:
+        //## File "kernel.py", line 15
+        /*0000*/                   FADD R1, R2, R3 ;
+.L_x_1:
+        //## File "helper.py", line 3
+        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;
+        /*0020*/              @P0 BRA `(.L_x_1) ;
+        //## File "kernel.py", line 16
+        /*0030*/                   FADD R1, R2, R3 ;
+        /*0040*/              @P1 BRA `(.L_x_0) ;
+        /*0050*/                   EXIT ;
+"""
+    loops = [(10, 40, "task"), (12, 40, "step"), (20, 30, 12)]
+    claimed = sass.replace('"helper.py", line 3', '"kernel.py", line 25')  # the inner loop's lines are the kernel's
+    assert count_adam_step(claimed, loops, ("kernel.py", 1, 50)) == {"FADD": 2, "HMMA": 12, "BRA": 13}
+    with pytest.raises(RuntimeError, match="inside the Adam-step loop"):
+        count_adam_step(sass, loops, ("kernel.py", 1, 50))
 
 
 def test_instruction_estimate_matches_lines_of_a_kernel_cached_from_another_checkout():

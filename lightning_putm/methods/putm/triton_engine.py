@@ -52,8 +52,10 @@ class KernelConfig:
     columns per chunk (chunked kernel only); ``num_warps``: warps per program; ``programs``: programs per launch
     (``None``: one per task; fewer make each program solve several tasks in turn and shrink the scratch to that
     many tasks); ``exact_adam``: Adam's square root and divisions correctly rounded like torch's (``False``: the
-    GPU's approximate instructions, within 2 ulp, wide kernel only). ``benchmarks/bench_putm.py --triton-*`` sets
-    them on a GPU."""
+    GPU's approximate instructions, within 2 ulp, wide kernel only); ``max_registers``: a cap on registers per
+    thread (Triton's ``maxnreg``; ``None``: as many as the compiler wants, 255 for the default tiles, so one 8-warp
+    program per SM; 128 lets two share an SM, at the price of spilled registers, docs/gpu.md).
+    ``benchmarks/bench_putm.py --triton-*`` sets them on a GPU."""
 
     kernel: str = "wide"
     block_p: int | None = None
@@ -61,10 +63,18 @@ class KernelConfig:
     num_warps: int = 8
     programs: int | None = None
     exact_adam: bool = True
+    max_registers: int | None = None
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"KernelConfig.kernel={self.kernel!r}: one of {', '.join(KERNELS)}")
+
+    def launch_options(self) -> dict[str, int]:
+        """A launch's options besides its arguments: warps, no software pipelining, the register cap if any."""
+        options = {"num_warps": self.num_warps, "num_stages": 1}
+        if self.max_registers is not None:
+            options["maxnreg"] = self.max_registers
+        return options
 
     def pair_tile(self, precision: int) -> int:
         """``block_p`` for a kernel ``PRECISION`` (:mod:`.triton_kernels`: 2 = bf16)."""
@@ -221,7 +231,7 @@ class TritonTrainer(Engine):
                                                                                                     torch.Tensor]:
         """One kernel launch over all tasks; returns the (persistent) π_f and π_b buffers."""
         name, arguments, constants, grid = self.kernel_arguments(query, prototypes, cost)
-        kernel_function(name)[grid](*arguments, **constants, num_warps=self.config.num_warps, num_stages=1)
+        kernel_function(name)[grid](*arguments, **constants, **self.config.launch_options())
         return self._outputs  # type: ignore[return-value]
 
     def kernel_arguments(self, query: torch.Tensor, prototypes: torch.Tensor,

@@ -35,10 +35,11 @@ def shipped_tool(name: str) -> str | None:
 
 def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                  block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
-                 balance: bool = False, kernel: str = "chunked", exact_adam: bool = True, tasks: int = 100):
+                 balance: bool = False, kernel: str = "chunked", exact_adam: bool = True, tasks: int = 100,
+                 max_registers: int | None = None):
     """The kernel compiled for an H100 (``GPUTarget("cuda", 90, 32)``) exactly as the engine would launch it for
     ``tasks`` tasks: ``(compiled, constants)``. ``precision``: 0 fp32, 1 TF32, 2 bf16 (:mod:`.triton_kernels`);
-    ``kernel``: ``"wide"`` or ``"chunked"`` (:class:`.triton_engine.KernelConfig`).
+    ``kernel``, ``exact_adam``, ``max_registers``: as in :class:`.triton_engine.KernelConfig`.
 
     The arguments are the engine's own (:meth:`.triton_engine.TritonTrainer.kernel_arguments`, on CPU tensors), and
     Triton's launcher decides how they specialize the build, as on the GPU: pointers aligned to 16 bytes and
@@ -62,14 +63,14 @@ def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[in
     navigator = Navigator([m, *hidden, 1], generators, 1000, torch.device("cpu"), torch.float32,
                           settings.negative_slope, requires_grad=False)
     config = KernelConfig(kernel=kernel, block_p=block_p, block_k=block_k, num_warps=num_warps,
-                          exact_adam=exact_adam)
+                          exact_adam=exact_adam, max_registers=max_registers)
     engine = TritonTrainer(navigator, settings, torch.bfloat16 if precision == 2 else torch.float32, config)
     name, arguments, constants, _ = engine.kernel_arguments(
         torch.zeros(tasks, queries, m), torch.zeros(tasks, ways, m), torch.zeros(tasks, queries, ways))
     constants["PRECISION"] = precision  # TF32 (1) is chosen on CUDA devices only
     function = kernel_function(name)
     backend = make_backend(GPUTarget("cuda", 90, 32))
-    launch = dict(constants, num_warps=num_warps, num_stages=1)
+    launch = dict(constants, **config.launch_options())
     bound, specialization, options = create_function_from_signature(function.signature, function.params,
                                                                     backend)(*arguments, **launch)
     options, signature, constexprs, attrs = function._pack_args(backend, launch, bound, specialization, options)
@@ -81,14 +82,14 @@ def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[in
 def sm90_resources(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                    block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
                    balance: bool = False, ptxas: str | None = None, kernel: str = "chunked",
-                   exact_adam: bool = True) -> dict[str, int]:
+                   exact_adam: bool = True, max_registers: int | None = None) -> dict[str, int]:
     """Registers per thread, spill bytes, stack bytes and shared memory of one kernel configuration on sm_90
     (arguments of :func:`compile_sm90`). Raises ``RuntimeError`` without ptxas."""
     ptxas = ptxas or shipped_tool("ptxas")
     if ptxas is None:
         raise RuntimeError("no ptxas (neither in the triton wheel nor on PATH)")
     compiled, _ = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, balance, kernel,
-                               exact_adam)
+                               exact_adam, max_registers=max_registers)
     with tempfile.TemporaryDirectory() as folder:
         ptx = Path(folder) / "kernel.ptx"
         ptx.write_text(compiled.asm["ptx"])
@@ -146,7 +147,8 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
     multiplied by that loop's trip count.
     A loop the compiler unrolled has no backward branch, so its copies are counted once each, as they run.
     Instructions outside the Adam-step loop (once per E-step) are left out. Raises ``RuntimeError`` when no
-    machine-code loop holding most of the kernel matched the Adam-step loop."""
+    machine-code loop holding most of the kernel matched the Adam-step loop, or when a machine-code loop inside it
+    matched none (its instructions would be counted once, not once per pass)."""
     instructions: list[tuple[str, str, int]] = []
     labels: dict[str, int] = {}
     line = 0
@@ -175,12 +177,14 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
     weight = [1] * len(instructions)
     in_step = [False] * len(instructions)
     matched: set[tuple[int, int, int | str]] = set()
+    unmatched = []
     for start, end in sorted(closing, key=lambda loop: loop[1] - loop[0]):  # inner loops first
         body = collections.Counter(instructions[k][2] for k in range(start, end + 1))
         voters = sum(n for at, n in body.items() if at)
         inside = [loop for loop in loops if voters and loop not in matched
                   and sum(n for at, n in body.items() if loop[0] <= at <= loop[1]) >= 0.6 * voters]
         if not inside:
+            unmatched.append((start, end))
             continue
         loop = min(inside, key=lambda loop: loop[1] - loop[0])
         matched.add(loop)
@@ -193,6 +197,11 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
         raise RuntimeError(f"could not find the loop over Adam steps in the machine code ({sum(in_step)} of "
                            f"{len(instructions)} instructions matched it): this triton's line tables may not say "
                            "where helpers were inlined (triton 3.6 does not; 3.8 does)")
+    lost = [(a, b) for a, b in unmatched if all(in_step[a:b + 1])]  # a loop inside the step loop, counted once
+    if lost:
+        raise RuntimeError(f"could not match {len(lost)} machine-code loop(s) inside the Adam-step loop to the "
+                           "kernel's source loops: their instructions would be counted once per step (this "
+                           "triton's line tables may not say where helpers were inlined; triton 3.8's do)")
     counts: collections.Counter = collections.Counter()
     for k, (opcode, _, _) in enumerate(instructions):
         if in_step[k]:
@@ -202,7 +211,7 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
 
 def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                               block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
-                              kernel: str = "chunked", exact_adam: bool = True,
+                              kernel: str = "chunked", exact_adam: bool = True, max_registers: int | None = None,
                               nvdisasm: str | None = None) -> dict[str, int]:
     """Warp instructions that one Adam step of one task executes on sm_90, estimated from the machine code
     (:func:`count_adam_step`): ``total`` (all warps of the program), ``per warp``, and per warp by
@@ -211,7 +220,7 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
     if nvdisasm is None:
         raise RuntimeError("no nvdisasm (neither in the triton wheel nor on PATH)")
     compiled, constants = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, False,
-                                       kernel, exact_adam)
+                                       kernel, exact_adam, max_registers=max_registers)
     with tempfile.TemporaryDirectory() as folder:
         cubin = Path(folder) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -233,26 +242,28 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
     return out
 
 
-#: The configurations of the table: (kernel, shots, m, precision, BLOCK_P, BLOCK_K, warps, exact Adam); the first
-#: row of each group is the kernel's default. The chunked kernel's rows are gpu_check's tile sweep.
+#: The configurations of the table: (kernel, shots, m, precision, BLOCK_P, BLOCK_K, warps, exact Adam, register
+#: cap); the first row of each group is the kernel's default. The chunked kernel's rows are gpu_check's tile sweep.
 TABLE = [
-    *[("wide", 1, 80, 2, p, 16, w, True) for p, w in ((32, 8), (16, 8), (64, 8), (128, 8), (32, 16), (32, 4))],
-    ("wide", 1, 80, 2, 32, 16, 8, False), ("wide", 5, 100, 2, 32, 16, 8, True), ("wide", 1, 80, 0, 16, 16, 8, True),
-    *[("chunked", 1, 80, 2, p, k, w, True) for p, k, w in ((32, 16, 8), (16, 16, 8), (64, 16, 8), (32, 32, 8),
-                                                          (32, 16, 4))],
-    ("chunked", 5, 100, 2, 32, 16, 8, True), ("chunked", 1, 80, 0, 16, 16, 8, True),
+    *[("wide", 1, 80, 2, p, 16, w, True, None) for p, w in ((32, 8), (16, 8), (64, 8), (128, 8), (32, 16), (32, 4))],
+    ("wide", 1, 80, 2, 32, 16, 8, False, None), ("wide", 1, 80, 2, 32, 16, 8, True, 128),
+    ("wide", 1, 80, 2, 32, 16, 4, True, 128), ("wide", 5, 100, 2, 32, 16, 8, True, None),
+    ("wide", 1, 80, 0, 16, 16, 8, True, None),
+    *[("chunked", 1, 80, 2, p, k, w, True, None) for p, k, w in ((32, 16, 8), (16, 16, 8), (64, 16, 8), (32, 32, 8),
+                                                                (32, 16, 4))],
+    ("chunked", 5, 100, 2, 32, 16, 8, True, None), ("chunked", 1, 80, 0, 16, 16, 8, True, None),
 ]
 
 
 def main() -> None:
     """Print, for each configuration of :data:`TABLE`, its sm_90 resources and the estimated warp instructions of
     one Adam step of one task (all warps; per warp: barriers, tensor-core instructions)."""
-    print("| kernel | shots | m | precision | BLOCK_P | BLOCK_K | warps | Adam | registers | spill stores (B) "
-          "| shared (KB) | instructions per Adam step | barriers per warp | tensor-core per warp |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for kernel, shots, m, precision, block_p, block_k, warps, exact in TABLE:
+    print("| kernel | shots | m | precision | BLOCK_P | BLOCK_K | warps | Adam | register cap | registers "
+          "| spill stores (B) | shared (KB) | instructions per Adam step | barriers per warp | tensor-core per warp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for kernel, shots, m, precision, block_p, block_k, warps, exact, cap in TABLE:
         options = dict(m=m, block_p=block_p, block_k=block_k, num_warps=warps, precision=precision, kernel=kernel,
-                       exact_adam=exact)
+                       exact_adam=exact, max_registers=cap)
         usage = sm90_resources(**options)  # type: ignore[arg-type]
         try:
             estimate: dict[str, int | str] = dict(sm90_instruction_estimate(**options))  # type: ignore[arg-type]
@@ -260,9 +271,9 @@ def main() -> None:
             estimate = {"total": "—", "barriers": "—", "tensor core": "—"}
         print(f"| {kernel} | {shots} | {m} | {'bf16' if precision == 2 else 'fp32'} | {block_p} | "
               f"{block_k if kernel == 'chunked' else '—'} | {warps} | {'exact' if exact else 'fast'} | "
-              f"{usage['registers']} | {usage['spill_store_bytes']} | {usage['shared_bytes'] / 1024:.0f} | "
-              f"{_thousands(estimate['total'])} | {_thousands(estimate['barriers'])} | "
-              f"{_thousands(estimate['tensor core'])} |", flush=True)
+              f"{cap or '—'} | {usage['registers']} | {usage['spill_store_bytes']} | "
+              f"{usage['shared_bytes'] / 1024:.0f} | {_thousands(estimate['total'])} | "
+              f"{_thousands(estimate['barriers'])} | {_thousands(estimate['tensor core'])} |", flush=True)
 
 
 def _thousands(value: int | str) -> str:
