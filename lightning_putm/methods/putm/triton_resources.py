@@ -7,7 +7,7 @@ Not part of the paper: a check that a kernel configuration (:class:`.triton_engi
 :func:`sm90_instruction_estimate` goes one step further without a GPU: it counts the warp instructions one Adam
 step executes, from the sm_90 machine code (``nvdisasm``, also in the wheel) weighted by how often each loop runs.
 On the chunked kernel it came within 2% (triton 3.6, the build that was profiled; most instruction classes exact)
-to 4% (triton 3.8) of what Nsight Compute counted on an H100 (docs/gpu.md), so two configurations can be compared
+to 8% (triton 3.8) of what Nsight Compute counted on an H100 (docs/gpu.md), so two configurations can be compared
 before a GPU is at hand; time per instruction it cannot tell.
 
     python -m lightning_putm.methods.putm.triton_resources          # the tables of docs/gpu.md
@@ -144,8 +144,10 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
     source loop not matched yet that holds at least 60% of its instructions attributed to the kernel function's
     own lines, ``kernel`` = (file, first line, last line). (By their outermost source line: triton 3.8 records
     where a helper was inlined, triton 3.6 only the helper's line, which then does not vote.) Its instructions are
-    multiplied by that loop's trip count.
-    A loop the compiler unrolled has no backward branch, so its copies are counted once each, as they run.
+    multiplied by that loop's trip count; the instructions that call a slow-path subroutine (a correctly rounded
+    square root's or division's, for inputs out of its fast path's range, which Adam's values rarely reach: a zero
+    second moment does) count zero. A loop the compiler unrolled has no backward branch, so its copies are counted
+    once each, as they run.
     Instructions outside the Adam-step loop (once per E-step) are left out. Raises ``RuntimeError`` when no
     machine-code loop holding most of the kernel matched the Adam-step loop, or when a machine-code loop inside it
     matched none (its instructions would be counted once, not once per pass)."""
@@ -176,6 +178,13 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
             closing.append((labels[target.group(0)], end))
     weight = [1] * len(instructions)
     in_step = [False] * len(instructions)
+    starts = sorted(labels.values())
+    for at, (opcode, operands, _) in enumerate(instructions):
+        if opcode == "CALL" and "slowpath" in operands:  # a correctly rounded sqrt's or division's rare case: the
+            first = max(k for k in range(at) if instructions[k][0] == "BRA") + 1  # branch before skips it
+            last = min([k for k in starts if k > at] + [len(instructions)]) - 1  # up to the fast path's label
+            for k in range(first, last + 1):
+                weight[k] = 0
     matched: set[tuple[int, int, int | str]] = set()
     unmatched = []
     for start, end in sorted(closing, key=lambda loop: loop[1] - loop[0]):  # inner loops first
@@ -204,7 +213,7 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
                            "triton's line tables may not say where helpers were inlined; triton 3.8's do)")
     counts: collections.Counter = collections.Counter()
     for k, (opcode, _, _) in enumerate(instructions):
-        if in_step[k]:
+        if in_step[k] and weight[k]:
             counts[opcode] += weight[k]
     return counts
 
