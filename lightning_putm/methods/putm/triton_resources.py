@@ -181,7 +181,7 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
     starts = sorted(labels.values())
     for at, (opcode, operands, _) in enumerate(instructions):
         if opcode == "CALL" and "slowpath" in operands:  # a correctly rounded sqrt's or division's rare case: the
-            first = max(k for k in range(at) if instructions[k][0] == "BRA") + 1  # branch before skips it
+            first = max((k for k in range(at) if instructions[k][0] == "BRA"), default=at - 1) + 1  # branch skips it
             last = min([k for k in starts if k > at] + [len(instructions)]) - 1  # up to the fast path's label
             for k in range(first, last + 1):
                 weight[k] = 0
