@@ -237,6 +237,8 @@ def e_step_kernel_wide(
                 tl.debug_barrier()
                 step_size = tl.load(schedule_ptr + 2 * (step0 + step))
                 bc2_sqrt = tl.load(schedule_ptr + 2 * (step0 + step) + 1)
+                # W1's and W2's updates: two loops written out here, not one helper, because the sm_90 instruction
+                # estimate (triton_resources) weighs machine-code loops by the kernel's own source loops
                 for e0 in range(0, M * H1, ADAM_BLOCK):
                     flat = e0 + adam_block
                     _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w1 + flat,
