@@ -157,7 +157,7 @@ def solver_options(args: argparse.Namespace) -> dict:
 #: ``--triton-*`` flags and the :class:`KernelConfig` field each sets (``solver=triton`` only).
 TRITON_FLAGS = {"--triton-kernel": "kernel", "--triton-block-p": "block_p", "--triton-block-k": "block_k",
                 "--triton-warps": "num_warps", "--triton-programs": "programs", "--triton-adam": "exact_adam",
-                "--triton-max-registers": "max_registers"}
+                "--triton-max-registers": "max_registers", "--triton-stages": "num_stages"}
 
 
 def use_triton_config(args: argparse.Namespace) -> None:
@@ -284,6 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--triton-max-registers", type=int, default=None,
                         help="solver=triton: cap on registers per thread (128: two 8-warp programs per SM, with "
                              "spills; default: no cap)")
+    parser.add_argument("--triton-stages", type=int, default=None,
+                        help="solver=triton: software pipelining of the loops over pair tiles (2: the next tile's "
+                             "loads overlap the current tile's products; default: 1, none)")
     parser.add_argument("--early-stop-tol", type=float, default=None)
     parser.add_argument("--max-chunk-tasks", type=int, default=None, help="PUTM chunk cap (default: automatic)")
     parser.add_argument("--cpu-workers", type=int, default=None, help="PUTM CPU workers (default: torch threads)")

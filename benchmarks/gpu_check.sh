@@ -9,7 +9,8 @@
 #   2. solver=triton, 1-shot, tasks/s at T = 1000 (+ the reference on the same GPU when a checkout is given) and 10000,
 #      then its cross-check against the fp32 engine with the noise floor     bench_putm.py, crosscheck_putm.py
 #   3. the kernels compared: the chunked kernel (measured first, 2026-11-27) and the wide kernel's configurations
-#      (pair tile, warps, exact or fast Adam), T = 1000, 50 EM steps each              bench_putm.py --triton-*
+#      (pair tile, warps, exact or fast Adam, register cap, pipeline stages), T = 1000, 50 EM steps each
+#                                                                                     bench_putm.py --triton-*
 #   4. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
 #      reasons, pipe and memory use; skipped without ncu)
 #   5. solver=triton, 5-shot: tasks/s at T = 1000 (+ the reference) and 10000, and its cross-check
@@ -158,18 +159,21 @@ run_step "Triton vs fp32 engine, 1-shot" text "$PYTHON" benchmarks/crosscheck_pu
 # 3: the kernels and their configurations compared (T = 1000, the full 50 EM steps; the warm-up compiles each
 #    kernel, untimed): the chunked kernel measured on 2026-11-27 first, for the ratio in the same session, then
 #    the wide kernel's most telling variants (approximate Adam; more warps per SM: registers capped at 128 for two
-#    8-warp programs per SM, 16-warp and 4-warp programs; fewest barriers: pair tiles of 128), those the sm_90
-#    estimate rates worse last. Fields: kernel, BLOCK_P, BLOCK_K, warps, Adam, register cap (- for none)
-for VARIANT in "chunked 32 16 8 exact -" "wide 32 16 8 fast -" "wide 32 16 8 exact 128" "wide 32 16 16 exact -" \
-    "wide 32 16 4 exact -" "wide 128 16 8 exact -" "wide 16 16 8 exact -" "wide 32 16 4 exact 128" \
-    "wide 64 16 8 exact -" "chunked 64 16 8 exact -" "chunked 32 16 4 exact -"; do
-    read -r KERNEL BLOCK_P BLOCK_K WARPS ADAM CAP <<<"$VARIANT"
+#    8-warp programs per SM; the next pair tile's loads overlapping the current tile's products: 2 pipeline
+#    stages; 16-warp and 4-warp programs; fewest barriers: pair tiles of 128), those the sm_90 estimate rates
+#    worse last. Fields: kernel, BLOCK_P, BLOCK_K, warps, Adam, register cap (- for none), pipeline stages
+for VARIANT in "chunked 32 16 8 exact - 1" "wide 32 16 8 fast - 1" "wide 32 16 8 exact 128 1" \
+    "wide 32 16 8 exact - 2" "wide 32 16 16 exact - 1" "wide 32 16 4 exact - 1" "wide 128 16 8 exact - 1" \
+    "wide 16 16 8 exact - 1" "wide 32 16 8 exact 128 2" "wide 32 16 8 exact - 3" "wide 32 16 4 exact 128 1" \
+    "wide 64 16 8 exact - 1" "chunked 64 16 8 exact - 1" "chunked 32 16 4 exact - 1"; do
+    read -r KERNEL BLOCK_P BLOCK_K WARPS ADAM CAP STAGES <<<"$VARIANT"
     CAP_ARGS=()
     [[ $CAP != - ]] && CAP_ARGS=(--triton-max-registers "$CAP")
     run_step "Triton sweep $KERNEL BLOCK_P=$BLOCK_P$([[ $KERNEL == chunked ]] && echo " BLOCK_K=$BLOCK_K") \
-warps=$WARPS Adam=$ADAM$([[ $CAP != - ]] && echo " registers<=$CAP")" text "${TRITON[@]}" --sizes 1000 \
-        --triton-kernel "$KERNEL" --triton-block-p "$BLOCK_P" --triton-block-k "$BLOCK_K" --triton-warps "$WARPS" \
-        --triton-adam "$ADAM" "${CAP_ARGS[@]}"
+warps=$WARPS Adam=$ADAM$([[ $CAP != - ]] && echo " registers<=$CAP")$([[ $STAGES != 1 ]] && echo " stages=$STAGES")" \
+        text "${TRITON[@]}" --sizes 1000 --triton-kernel "$KERNEL" --triton-block-p "$BLOCK_P" \
+        --triton-block-k "$BLOCK_K" --triton-warps "$WARPS" --triton-adam "$ADAM" --triton-stages "$STAGES" \
+        "${CAP_ARGS[@]}"
 done
 run_step "Triton sweep, 132 persistent programs" text "${TRITON[@]}" --sizes 1000 --triton-programs 132
 # 4: where an E-step's time goes: the 6th launch of the kernel (the warm-up's and the first E-steps' passed)

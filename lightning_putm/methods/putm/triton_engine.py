@@ -54,7 +54,10 @@ class KernelConfig:
     many tasks); ``exact_adam``: Adam's square root and divisions correctly rounded like torch's (``False``: the
     GPU's approximate instructions, within 2 ulp, wide kernel only); ``max_registers``: a cap on registers per
     thread (Triton's ``maxnreg``; ``None``: as many as the compiler wants, 255 for the default tiles, so one 8-warp
-    program per SM; 128 lets two share an SM, at the price of spilled registers, docs/gpu.md).
+    program per SM; 128 lets two share an SM, at the price of spilled registers, docs/gpu.md); ``num_stages``:
+    Triton's software pipelining of the loops over pair tiles (1: none; 2: the next tile's scratch rows are copied
+    into shared memory asynchronously while the current tile is multiplied, which hides the latency of those loads
+    when few warps share an SM, at the price of more instructions and 8 KB more shared memory, docs/gpu.md).
     ``benchmarks/bench_putm.py --triton-*`` sets them on a GPU."""
 
     kernel: str = "wide"
@@ -64,14 +67,17 @@ class KernelConfig:
     programs: int | None = None
     exact_adam: bool = True
     max_registers: int | None = None
+    num_stages: int = 1
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"KernelConfig.kernel={self.kernel!r}: one of {', '.join(KERNELS)}")
+        if self.num_stages < 1:
+            raise ValueError(f"KernelConfig.num_stages={self.num_stages}: at least 1 (1: no software pipelining)")
 
     def launch_options(self) -> dict[str, int]:
-        """A launch's options besides its arguments: warps, no software pipelining, the register cap if any."""
-        options = {"num_warps": self.num_warps, "num_stages": 1}
+        """A launch's options besides its arguments: warps, pipeline stages, the register cap if any."""
+        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
         if self.max_registers is not None:
             options["maxnreg"] = self.max_registers
         return options

@@ -36,10 +36,10 @@ def shipped_tool(name: str) -> str | None:
 def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                  block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
                  balance: bool = False, kernel: str = "chunked", exact_adam: bool = True, tasks: int = 100,
-                 max_registers: int | None = None):
+                 max_registers: int | None = None, num_stages: int = 1):
     """The kernel compiled for an H100 (``GPUTarget("cuda", 90, 32)``) exactly as the engine would launch it for
     ``tasks`` tasks: ``(compiled, constants)``. ``precision``: 0 fp32, 1 TF32, 2 bf16 (:mod:`.triton_kernels`);
-    ``kernel``, ``exact_adam``, ``max_registers``: as in :class:`.triton_engine.KernelConfig`.
+    ``kernel``, ``exact_adam``, ``max_registers``, ``num_stages``: as in :class:`.triton_engine.KernelConfig`.
 
     The arguments are the engine's own (:meth:`.triton_engine.TritonTrainer.kernel_arguments`, on CPU tensors), and
     Triton's launcher decides how they specialize the build, as on the GPU: pointers aligned to 16 bytes and
@@ -63,7 +63,7 @@ def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[in
     navigator = Navigator([m, *hidden, 1], generators, 1000, torch.device("cpu"), torch.float32,
                           settings.negative_slope, requires_grad=False)
     config = KernelConfig(kernel=kernel, block_p=block_p, block_k=block_k, num_warps=num_warps,
-                          exact_adam=exact_adam, max_registers=max_registers)
+                          exact_adam=exact_adam, max_registers=max_registers, num_stages=num_stages)
     engine = TritonTrainer(navigator, settings, torch.bfloat16 if precision == 2 else torch.float32, config)
     name, arguments, constants, _ = engine.kernel_arguments(
         torch.zeros(tasks, queries, m), torch.zeros(tasks, ways, m), torch.zeros(tasks, queries, ways))
@@ -82,14 +82,15 @@ def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[in
 def sm90_resources(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                    block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
                    balance: bool = False, ptxas: str | None = None, kernel: str = "chunked",
-                   exact_adam: bool = True, max_registers: int | None = None) -> dict[str, int]:
+                   exact_adam: bool = True, max_registers: int | None = None,
+                   num_stages: int = 1) -> dict[str, int]:
     """Registers per thread, spill bytes, stack bytes and shared memory of one kernel configuration on sm_90
     (arguments of :func:`compile_sm90`). Raises ``RuntimeError`` without ptxas."""
     ptxas = ptxas or shipped_tool("ptxas")
     if ptxas is None:
         raise RuntimeError("no ptxas (neither in the triton wheel nor on PATH)")
     compiled, _ = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, balance, kernel,
-                               exact_adam, max_registers=max_registers)
+                               exact_adam, max_registers=max_registers, num_stages=num_stages)
     with tempfile.TemporaryDirectory() as folder:
         ptx = Path(folder) / "kernel.ptx"
         ptx.write_text(compiled.asm["ptx"])
@@ -221,7 +222,7 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
 def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                               block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
                               kernel: str = "chunked", exact_adam: bool = True, max_registers: int | None = None,
-                              nvdisasm: str | None = None) -> dict[str, int]:
+                              num_stages: int = 1, nvdisasm: str | None = None) -> dict[str, int]:
     """Warp instructions that one Adam step of one task executes on sm_90, estimated from the machine code
     (:func:`count_adam_step`): ``total`` (all warps of the program), ``per warp``, and per warp by
     :data:`OPCODE_GROUPS` (the rest: ``integer and control``). Raises ``RuntimeError`` without nvdisasm."""
@@ -229,7 +230,7 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
     if nvdisasm is None:
         raise RuntimeError("no nvdisasm (neither in the triton wheel nor on PATH)")
     compiled, constants = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, False,
-                                       kernel, exact_adam, max_registers=max_registers)
+                                       kernel, exact_adam, max_registers=max_registers, num_stages=num_stages)
     with tempfile.TemporaryDirectory() as folder:
         cubin = Path(folder) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -252,27 +253,30 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
 
 
 #: The configurations of the table: (kernel, shots, m, precision, BLOCK_P, BLOCK_K, warps, exact Adam, register
-#: cap); the first row of each group is the kernel's default. The chunked kernel's rows are gpu_check's tile sweep.
+#: cap, pipeline stages); the first row of each group is the kernel's default. The chunked kernel's rows are
+#: gpu_check's tile sweep.
 TABLE = [
-    *[("wide", 1, 80, 2, p, 16, w, True, None) for p, w in ((32, 8), (16, 8), (64, 8), (128, 8), (32, 16), (32, 4))],
-    ("wide", 1, 80, 2, 32, 16, 8, False, None), ("wide", 1, 80, 2, 32, 16, 8, True, 128),
-    ("wide", 1, 80, 2, 32, 16, 4, True, 128), ("wide", 5, 100, 2, 32, 16, 8, True, None),
-    ("wide", 1, 80, 0, 16, 16, 8, True, None),
-    *[("chunked", 1, 80, 2, p, k, w, True, None) for p, k, w in ((32, 16, 8), (16, 16, 8), (64, 16, 8), (32, 32, 8),
-                                                                (32, 16, 4))],
-    ("chunked", 5, 100, 2, 32, 16, 8, True, None), ("chunked", 1, 80, 0, 16, 16, 8, True, None),
+    *[("wide", 1, 80, 2, p, 16, w, True, None, 1) for p, w in ((32, 8), (16, 8), (64, 8), (128, 8), (32, 16),
+                                                              (32, 4))],
+    ("wide", 1, 80, 2, 32, 16, 8, False, None, 1), ("wide", 1, 80, 2, 32, 16, 8, True, 128, 1),
+    ("wide", 1, 80, 2, 32, 16, 4, True, 128, 1), ("wide", 1, 80, 2, 32, 16, 8, True, None, 2),
+    ("wide", 1, 80, 2, 32, 16, 8, True, None, 3), ("wide", 1, 80, 2, 32, 16, 8, True, 128, 2),
+    ("wide", 5, 100, 2, 32, 16, 8, True, None, 1), ("wide", 1, 80, 0, 16, 16, 8, True, None, 1),
+    *[("chunked", 1, 80, 2, p, k, w, True, None, 1) for p, k, w in ((32, 16, 8), (16, 16, 8), (64, 16, 8),
+                                                                   (32, 32, 8), (32, 16, 4))],
+    ("chunked", 5, 100, 2, 32, 16, 8, True, None, 1), ("chunked", 1, 80, 0, 16, 16, 8, True, None, 1),
 ]
 
 
 def main() -> None:
     """Print, for each configuration of :data:`TABLE`, its sm_90 resources and the estimated warp instructions of
     one Adam step of one task (all warps; per warp: barriers, tensor-core instructions)."""
-    print("| kernel | shots | m | precision | BLOCK_P | BLOCK_K | warps | Adam | register cap | registers "
+    print("| kernel | shots | m | precision | BLOCK_P | BLOCK_K | warps | Adam | register cap | stages | registers "
           "| spill stores (B) | shared (KB) | instructions per Adam step | barriers per warp | tensor-core per warp |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for kernel, shots, m, precision, block_p, block_k, warps, exact, cap in TABLE:
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for kernel, shots, m, precision, block_p, block_k, warps, exact, cap, stages in TABLE:
         options = dict(m=m, block_p=block_p, block_k=block_k, num_warps=warps, precision=precision, kernel=kernel,
-                       exact_adam=exact, max_registers=cap)
+                       exact_adam=exact, max_registers=cap, num_stages=stages)
         usage = sm90_resources(**options)  # type: ignore[arg-type]
         try:
             estimate: dict[str, int | str] = dict(sm90_instruction_estimate(**options))  # type: ignore[arg-type]
@@ -280,7 +284,7 @@ def main() -> None:
             estimate = {"total": "—", "barriers": "—", "tensor core": "—"}
         print(f"| {kernel} | {shots} | {m} | {'bf16' if precision == 2 else 'fp32'} | {block_p} | "
               f"{block_k if kernel == 'chunked' else '—'} | {warps} | {'exact' if exact else 'fast'} | "
-              f"{cap or '—'} | {usage['registers']} | {usage['spill_store_bytes']} | "
+              f"{cap or '—'} | {stages} | {usage['registers']} | {usage['spill_store_bytes']} | "
               f"{usage['shared_bytes'] / 1024:.0f} | {_thousands(estimate['total'])} | "
               f"{_thousands(estimate['barriers'])} | {_thousands(estimate['tensor core'])} |", flush=True)
 
