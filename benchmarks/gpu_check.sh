@@ -22,7 +22,8 @@
 #   and the sm_90 resource table of the kernel (compiled on the host, no GPU work; within the budget)
 # GPU_CHECK_BUDGET (seconds, default 0 = none) bounds the whole check, for a GPU lent by the minute: a step that
 # cannot start with 20 s left is recorded as SKIPPED, and each step's limit is cut to what is left.
-# It writes <GPU_CHECK_OUT>/<UTC date>-<device>.md (default outputs/gpu_check/), whose path it prints. The exit
+# It writes <GPU_CHECK_OUT>/<UTC date>-<device>.md (default outputs/gpu_check/), whose path it prints, with a table
+# of step 3's configurations by tasks/s, the fastest first. The exit
 # status is 0 only if every step ran and passed.
 #
 # Environment: PUTM_REFERENCE (same as the argument), GPU_CHECK_OUT (report folder), GPU_CHECK_WHEELS (a folder
@@ -95,6 +96,8 @@ SKIPPED=0
 CHECK_START=$SECONDS
 
 ROWS="$(mktemp /tmp/gpu_check_rows.XXXXXX)"
+SWEEP="$(mktemp /tmp/gpu_check_sweep.XXXXXX)"
+STEP_RESULT=""  # the last step's result: passed, FAILED (…) or SKIPPED
 
 # run_step TITLE FORMAT COMMAND...: runs it under the step timeout, shows its output live, and records it
 # (FORMAT=row: a passing run's markdown table row joins the throughput table; text: the output in a code block).
@@ -108,6 +111,7 @@ run_step() {
             echo "=== $title: SKIPPED (GPU_CHECK_BUDGET=$BUDGET s spent)"
             echo "| $title | SKIPPED (budget of $BUDGET s spent) | 0 |" >>"$SUMMARY"
             SKIPPED=1
+            STEP_RESULT="SKIPPED"
             return
         fi
         [[ $left -lt $limit ]] && limit=$left
@@ -122,6 +126,7 @@ run_step() {
         FAILED=1
     fi
     echo "| $title | $result | $seconds |" >>"$SUMMARY"
+    STEP_RESULT="$result"
     {
         echo "## $title"
         echo
@@ -174,6 +179,11 @@ warps=$WARPS Adam=$ADAM$([[ $CAP != - ]] && echo " registers<=$CAP")$([[ $STAGES
         text "${TRITON[@]}" --sizes 1000 --triton-kernel "$KERNEL" --triton-block-p "$BLOCK_P" \
         --triton-block-k "$BLOCK_K" --triton-warps "$WARPS" --triton-adam "$ADAM" --triton-stages "$STAGES" \
         "${CAP_ARGS[@]}"
+    # the row's tasks/s (bench_putm.py's "ours cuda 1000 chunks seconds tasks/s …" line) for the sweep's table
+    RATE="—"
+    [[ $STEP_RESULT == passed ]] && RATE="$(awk '$1 == "ours" && $3 == 1000 {print $6; exit}' "$LOG")"
+    echo "| $KERNEL | $BLOCK_P | $([[ $KERNEL == chunked ]] && echo "$BLOCK_K" || echo —) | $WARPS | $ADAM \
+| ${CAP/-/—} | $STAGES | ${RATE:-—} | ${STEP_RESULT%% (*} |" >>"$SWEEP"
 done
 run_step "Triton sweep, 132 persistent programs" text "${TRITON[@]}" --sizes 1000 --triton-programs 132
 # 4: where an E-step's time goes: the 6th launch of the kernel (the warm-up's and the first E-steps' passed)
@@ -233,6 +243,12 @@ run_step "Triton kernel: sm_90 resources (ptxas)" text "$PYTHON" benchmarks/benc
     echo "|---|---|---|"
     cat "$SUMMARY"
     echo
+    echo "## Triton kernel sweep (1-shot, bf16, T = 1000, 50 EM steps, tasks/s; the fastest first)"
+    echo
+    echo "| kernel | BLOCK_P | BLOCK_K | warps | Adam | register cap | stages | tasks/s | result |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    sort -t '|' -k 9 -g -r "$SWEEP"
+    echo
     echo "## WRN-28-10 S2M2 training throughput (s2m2r step, 84x84, batch 64, synthetic images)"
     echo
     "$PYTHON" benchmarks/bench_pretrain.py --header-only
@@ -240,7 +256,7 @@ run_step "Triton kernel: sm_90 resources (ptxas)" text "$PYTHON" benchmarks/benc
     echo
     cat "$BODY"
 } >"$REPORT.tmp" && mv "$REPORT.tmp" "$REPORT"
-rm -f "$BODY" "$SUMMARY" "$LOG" "$ROWS"
+rm -f "$BODY" "$SUMMARY" "$LOG" "$ROWS" "$SWEEP"
 
 echo
 echo "report: $REPORT"

@@ -253,6 +253,9 @@ case "$*" in
     -*importlib.util*|-\ *) cat >/dev/null; echo "" ;;
     *"-m pytest -m cuda"*) echo "4 passed" ;;
     *"--solver compiled"*) echo "compiled solver crashed"; exit 3 ;;
+    *"--triton-warps 8 --triton-adam fast"*) echo "ours           cuda     1000      1      1.23   812.500" ;;
+    *"--triton-warps 16"*) echo "Triton compile error"; exit 4 ;;
+    *--triton-kernel*) echo "ours           cuda     1000      1      2.50   400.000" ;;
     *bench_putm.py*) echo "PUTM table" ;;
     *crosscheck_putm.py*) echo "agreement 99.9%" ;;
     *--header-only*) echo "| backbone | precision |"; echo "|---|---|" ;;
@@ -283,6 +286,13 @@ def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path: Path) -> None:
     assert text.startswith("# gpu_check: Fake GPU 80GB") and "- torch: 9.9 CUDA 99" in text
     assert "| PUTM solver, --solver compiled | FAILED (exit 3) |" in text and "compiled solver crashed" in text
     assert "| CUDA-marked tests | passed |" in text and "4 passed" in text
+    # the kernel sweep's table: every row, the fastest first, a failed row without a rate
+    sweep = text.split("## Triton kernel sweep")[1].split("\n\n")[1].splitlines()[2:]
+    assert sweep[0] == "| wide | 32 | — | 8 | fast | — | 1 | 812.500 | passed |"
+    assert "| chunked | 32 | 16 | 8 | exact | — | 1 | 400.000 | passed |" in sweep
+    assert "| wide | 32 | — | 8 | exact | 128 | 2 | 400.000 | passed |" in sweep
+    assert sweep[-1] == "| wide | 32 | — | 16 | exact | — | 1 | — | FAILED |"
+    assert len(sweep) == len(re.findall(r"^\| Triton sweep (?!,)", text, re.M))
     # the throughput rows after the failure: one table with the three precisions
     assert "| backbone | precision |\n|---|---|\n| wrn28_10 | 32-true |\n| wrn28_10 | bf16-mixed |\n" \
            "| wrn28_10 | bf16-mixed |\n" in text
@@ -310,3 +320,4 @@ def test_gpu_check_budget_skips_the_steps_it_cannot_fit(tmp_path: Path) -> None:
     assert "FAILED" not in text
     assert re.findall(r"^\| (.+?) \| passed \|", text, re.M) == []
     assert "| Triton kernel: sm_90 resources (ptxas) | SKIPPED (budget of 15 s spent) | 0 |" in text
+    assert "| chunked | 32 | 16 | 8 | exact | — | 1 | — | SKIPPED |" in text  # no rate from an earlier step
