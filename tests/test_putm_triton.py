@@ -148,6 +148,72 @@ def putm_predictions(shots: int, options: dict, tasks: int = 3, device: str = "c
     return out
 
 
+def m_step_on_device(prototype_update: str, shots: int = 1) -> dict[str, torch.Tensor]:
+    """One launch of the M-step kernel (:mod:`.triton_em`) on 6 tasks (5 ways, 15 queries, m = 48) and the same
+    M-step by the host's functions (:mod:`.m_step`, :func:`.triton_engine.pair_costs`). Task 4 is inactive and task
+    5 just ran its final E-step (both must be left alone); the tolerance lies between the tasks' moves, so some
+    settle and some do not."""
+    from lightning_putm.methods.putm.m_step import m_step, query_weights
+    from lightning_putm.methods.putm.triton_em import launch_m_step
+    from lightning_putm.methods.putm.triton_engine import pair_costs
+
+    t, ways, queries, m = 6, 5, 15, 48
+    generator = torch.Generator().manual_seed(11)
+    support = rows(t, ways * shots, m, 8)
+    task_rows = torch.cat([support, rows(t, queries, m, 9)], dim=1)
+    one_hot = torch.eye(ways).repeat(t, shots, 1) * 2.0  # support_weight 2
+    logits = torch.randn(t, queries, ways, generator=generator) * 3
+    forward, backward = logits.softmax(2), logits.softmax(1)
+    prototypes = rows(t, ways, m, 10)
+    updated = m_step(task_rows, one_hot, query_weights(forward, backward, prototype_update, 0.3), prototypes, 0.2)
+    moved = (updated - prototypes).abs().amax(dim=(1, 2))
+    ordered = moved[:4].sort().values
+    tol = float((ordered[1] + ordered[2]) / 2)
+    out = {"updated": updated, "moved": moved, "tol": torch.tensor(tol), "prototypes": prototypes,
+           "cost": pair_costs(task_rows[:, ways * shots:], updated)}
+    device_prototypes, cost = prototypes.clone(), torch.full((t, queries, ways), -1.0)
+    active = torch.tensor([1, 1, 1, 1, 0, 1], dtype=torch.int8)
+    final = torch.tensor([0, 0, 0, 0, 0, 1], dtype=torch.int8)
+    em_steps = torch.full((t,), 50, dtype=torch.int32)
+    launch_m_step(task_rows, one_hot, forward, backward, device_prototypes, cost, active, final, em_steps, 6, 0.2,
+                  0.3, tol, prototype_update)
+    out.update(device_prototypes=device_prototypes, device_cost=cost, active=active, final=final, em_steps=em_steps)
+    return out
+
+
+def device_and_host_loops(shots: int, options: dict, tasks: int = 3, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """``solver=triton`` with the EM loop on the device (no hook) and driven by the host (:func:`.em.em_loop`, made
+    to run by a hook that does nothing): probabilities, final prototypes, EM steps; tasks as
+    :func:`putm_predictions`."""
+    from conftest import make_clustered_features
+    from lightning_putm.data.episodes import sample_episode_bank
+    from lightning_putm.methods.putm import PUTM
+
+    features = make_clustered_features(classes=8, per_class=50, dim=32, spread=0.35, seed=0)
+    batch = sample_episode_bank(features.labels, 5, shots, 15, 2.0, tasks, 0).gather(features.features,
+                                                                                  torch.device(device)).batch
+    out = {}
+    for where in ("device", "host"):
+        method = PUTM(shots=shots, balanced=False, solver="triton", **options)
+        if where == "host":
+            method.em_step_hook = lambda step: None
+        out[where] = method.predict(batch)
+        out[f"{where}_prototypes"] = method.last_state["prototypes"]
+        out[f"{where}_em_steps"] = method.last_state["em_steps"]
+    return out
+
+
+#: Cases of the EM loop on the device against the host's (shots, options[, tasks]); early stopping: tasks settle
+#: after 3, 2, 2 and 2 EM steps (PUTM_CASES)
+DEVICE_LOOP_CASES = {
+    "1-shot": (1, {"em_steps": 3, "inner_steps": 2, "precision": "fp32", "lr": 0.01}),
+    "early stopping": (1, {"em_steps": 4, "inner_steps": 2, "precision": "fp32", "lr": 0.01,
+                           "early_stop_tol": 0.05}, 4),
+    "mixed update, support weight 2, 5-shot": (5, {"em_steps": 3, "inner_steps": 2, "precision": "fp32", "lr": 0.01,
+                                                   "prototype_update": "mixed", "support_weight": 2.0}),
+}
+
+
 #: lr 0.01 (not 1e-3): after so few steps the default navigator is still near uniform, and agreement on near-uniform
 #: probabilities would say little
 FAST = dict(em_steps=2, inner_steps=2, precision="fp32", lr=0.01)
@@ -186,6 +252,12 @@ def interpreted_cases() -> dict[str, object]:
         }
         for name, case in PUTM_CASES.items():
             results[f"{kernel}: putm {name}"] = putm_predictions(*case)
+    triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig()
+    for update in ("forward", "backward", "mixed"):
+        results[f"m-step {update}"] = m_step_on_device(update)
+    results["m-step 5-shot"] = m_step_on_device("forward", shots=5)
+    for name, case in DEVICE_LOOP_CASES.items():
+        results[f"device loop {name}"] = device_and_host_loops(*case)
     return results
 
 
@@ -283,6 +355,50 @@ def test_putm_predictions_match_the_fused_engine(interpreted, kernel, name):
         assert len(set(result["fused_em_steps"].tolist())) > 1
 
 
+@pytest.mark.parametrize("case", ["forward", "backward", "mixed", "5-shot"])
+def test_m_step_kernel_matches_the_host_m_step(interpreted, case):
+    """The M-step kernel gives the host's M-step (query weights of ``prototype_update``, weighted class means with
+    the support weight, inertia), the next E-step's pair costs from the new prototypes, and early stopping: a task
+    that moved by at most the tolerance is marked final with its EM step count; an inactive task and one whose
+    final E-step just ran are left alone (and the latter is made inactive). Kills: π_f and π_b swapped, ρ and
+    1 − ρ swapped, the support rows or their weight left out, costs from the old prototypes, a tolerance compared
+    the wrong way, an EM step count off by one, a finished task updated again."""
+    result = interpreted[f"m-step {case}"]
+    live = slice(0, 4)
+    assert (result["device_prototypes"][live] - result["updated"][live]).abs().max() < 1e-6
+    assert (result["device_cost"][live] - result["cost"][live]).abs().max() < 1e-5
+    assert (result["updated"] - result["prototypes"]).abs().max() > 1e-3  # the M-step moves them
+    settled = result["moved"][live] <= result["tol"]
+    assert 0 < int(settled.sum()) < 4
+    assert torch.equal(result["final"][live].bool(), settled)
+    assert torch.equal(result["em_steps"][live], torch.where(settled, 7, 50).int())  # step 6 -> 7 EM steps
+    for task in (4, 5):  # inactive, and final: untouched
+        assert torch.equal(result["device_prototypes"][task], result["prototypes"][task])
+        assert (result["device_cost"][task] == -1).all() and result["em_steps"][task] == 50
+    assert result["active"].tolist() == [1, 1, 1, 1, 0, 0]
+
+
+@pytest.mark.parametrize("case", list(DEVICE_LOOP_CASES))
+def test_em_loop_on_the_device_matches_the_host_loop(interpreted, case):
+    """``solver=triton`` runs the whole EM loop on the device (no hook listening) and gets what the host's EM loop
+    gets with the same kernel: the same predictions, final prototypes and EM step counts (early stopping: tasks
+    settle at different EM steps and keep the result of their own final E-step), up to the order of the M-step's
+    sums. Kills: a missing final E-step, an M-step that skips the cost update, finished tasks that run on or lose
+    their result, an EM step count off by one."""
+    result = interpreted[f"device loop {case}"]
+    device, host = result["device"], result["host"]
+    signal = (host - 1 / host.shape[2]).abs().max().item()
+    assert signal > 3e-3
+    # measured: 1.3e-5 to 8.5e-4 (early stopping: 4 EM steps amplify the M-step's rounding through Adam's ±lr
+    # steps), against a signal of 0.1 to 0.6
+    assert (device - host).abs().max().item() < 0.02 * signal
+    assert torch.equal(device.argmax(2), host.argmax(2))
+    assert (result["device_prototypes"] - result["host_prototypes"]).abs().max() < 1e-4
+    assert torch.equal(result["device_em_steps"], result["host_em_steps"])
+    if case == "early stopping":
+        assert len(set(result["device_em_steps"].tolist())) > 1
+
+
 # ------------------------------------------------------------------------------------------ on a GPU
 #: (kernel, precision, exact Adam, register cap, pipeline stages) of the CUDA test: both kernels in both
 #: precisions, the wide kernel's approximate Adam (the interpreter computes it exactly, so only a GPU can check it),
@@ -331,6 +447,21 @@ def test_compiled_kernel_on_cuda_matches_the_fused_engine(kernel, precision, exa
     # tiny gradient's sign moves a weight by 2·lr), and the message gives every number.
     assert difference.max().item() < (0.05 if precision == "fp32" else 0.2) * signal + 4 * floor, report
     assert (triton.argmax(2) == fused.argmax(2)).double().mean() >= 0.95, report
+
+
+@pytest.mark.cuda
+def test_em_loop_on_the_device_matches_the_host_loop_on_cuda():
+    """The EM loop on the device (E-step and M-step kernels compiled, no host round trip) against the host's EM loop
+    with the same E-step kernel, on the GPU, with early stopping: the same EM step counts and predictions. Kills: a
+    GPU-only race between the M-step kernel and the next E-step launch (a stale cost or active flag)."""
+    result = device_and_host_loops(1, {**DEVICE_LOOP_CASES["early stopping"][1], "precision": "fp32"}, tasks=16,
+                                   device="cuda")
+    device, host = result["device"].cpu(), result["host"].cpu()
+    signal = (host - 1 / host.shape[2]).abs().max().item()
+    report = f"largest difference {(device - host).abs().max().item():.3g}, signal {signal:.3g}"
+    assert torch.equal(result["device_em_steps"], result["host_em_steps"]), report
+    assert (device.argmax(2) == host.argmax(2)).double().mean() >= 0.95, report
+    assert (result["device_prototypes"] - result["host_prototypes"]).abs().max() < 1e-3, report
 
 
 # ------------------------------------------------------------------------------------------ in-process tests
@@ -507,6 +638,19 @@ def test_kernel_fits_an_h100(kernel, name, queries, m, precision, max_spills):
     assert usage["registers"] <= 255
     assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
     assert usage["spill_store_bytes"] <= max_spills, usage
+
+
+@pytest.mark.parametrize("shots,m", [(1, 80), (5, 100)])
+def test_m_step_kernel_fits_an_h100(shots, m):
+    """The M-step kernel of the EM loop on the device compiles for sm_90 as it is launched, without spilled
+    registers (measured: 100-128 registers, 4 KB of shared memory, triton 3.6 and 3.8). Kills: a kernel that does
+    not compile for the GPU (the interpreter accepts code that sm_90 does not), one that spills."""
+    ptxas = need_sm90_tool("ptxas")
+    from lightning_putm.methods.putm.triton_resources import compile_m_step_sm90, ptxas_usage
+
+    usage = ptxas_usage(compile_m_step_sm90(shots=shots, m=m), ptxas)
+    assert usage["registers"] <= 255 and usage["spill_store_bytes"] == 0, usage
+    assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
 
 
 def test_register_cap_reaches_the_sm90_build():

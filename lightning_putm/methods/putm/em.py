@@ -6,7 +6,9 @@ weighted by π_f, moved with inertia); then a final E-step, whose π_f is the pr
 ``early_stop_tol`` a task whose prototypes moved by at most the tolerance (max abs change) gets its final
 E-step at the next E-step and stops; how it leaves is the engine's choice (:attr:`.engines.Engine.fixed_batch`):
 the batch shrinks (it is solved apart, then dropped) or stays whole (its rows are computed and ignored). Either
-way a task's result is the one it gets alone.
+way a task's result is the one it gets alone. An engine that can run the whole loop without the host between
+E-steps (:meth:`.engines.Engine.whole_em_loop`: ``solver=triton``, :mod:`.triton_em`) does so when no hook
+listens.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ def em_loop(engine: Engine, rows: torch.Tensor, one_hot: torch.Tensor, prototype
 
     ``rows`` ``[T, S+Q, m]`` (support rows, then queries), ``one_hot`` ``[T, S, N]`` the support weights.
     """
+    if hook is None:  # nothing to report between E-steps: the engine may run the whole loop on its device
+        whole = engine.whole_em_loop(rows, one_hot, prototypes, ways, progress)
+        if whole is not None:
+            return whole
     s = settings
     total, num_support = rows.shape[0], one_hot.shape[1]
     forward_out = rows.new_empty(total, rows.shape[1] - num_support, ways)

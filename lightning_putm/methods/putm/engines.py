@@ -22,6 +22,8 @@ code (github.com/RashLog/PUTM).
 
 from __future__ import annotations
 
+from typing import Callable, Iterable
+
 import torch
 
 from lightning_putm.methods.putm.adam import StackedAdam
@@ -63,6 +65,13 @@ class Engine:
     def keep_only(self, live: torch.Tensor) -> None:
         """``fixed_batch`` engines: only tasks ``live`` (``[T]`` bool) still need results; an engine may skip the
         others (their rows are ignored). Default: every task runs."""
+
+    def whole_em_loop(self, rows: torch.Tensor, one_hot: torch.Tensor, prototypes: torch.Tensor, ways: int,
+                      progress: Callable[[Iterable[int]], Iterable[int]] = iter,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The whole EM loop run by the engine itself (:func:`.em.em_loop`'s arguments and result), where it can
+        run it without the host between E-steps; ``None`` (the default): :func:`.em.em_loop` drives the E-steps."""
+        return None
 
 
 class FusedTrainer(Engine):

@@ -11,7 +11,9 @@ before its update; in fp32 it agrees with it to float rounding (the sums run in 
 
 The batch is fixed (:attr:`TritonTrainer.fixed_batch`, like ``compiled``): the EM loop tells the engine which
 tasks still need a result (:meth:`TritonTrainer.keep_only`) and the kernel's program for any other task returns
-at once (its ``active`` flag), so a settled task costs nothing and the shapes never change.
+at once (its ``active`` flag), so a settled task costs nothing and the shapes never change. Unless the host is
+needed between E-steps, the engine runs the whole EM loop itself, on the device, with an M-step kernel
+(:meth:`TritonTrainer.whole_em_loop`, :mod:`.triton_em`).
 
 Where it runs: on CUDA devices, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1`` set before
 the first use; slow, for tests). Anywhere else ``solver=triton`` is refused with one line
@@ -26,6 +28,7 @@ import dataclasses
 import functools
 import warnings
 from types import ModuleType
+from typing import Callable, Iterable
 
 import torch
 
@@ -185,6 +188,22 @@ class TritonTrainer(Engine):
         self.active = live.to(device=self.navigator.flat.device, dtype=torch.int8)
         if self.delegate is not None:
             self.delegate.keep_only(live)
+
+    def whole_em_loop(self, rows: torch.Tensor, one_hot: torch.Tensor, prototypes: torch.Tensor, ways: int,
+                      progress: Callable[[Iterable[int]], Iterable[int]] = iter,
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The EM loop on the device (:func:`.triton_em.device_em_loop`), unless a re-draw needs the host every EM
+        step (``reinit_navigator``) or the kernel does not handle the shape (then the E-steps fall back, as
+        :meth:`run` does)."""
+        if self.settings.reinit_navigator or self.delegate is not None or self.steps:
+            return None
+        num_support = one_hot.shape[1]
+        if unsupported_reason(ways, rows.shape[1] - num_support, rows.shape[2], self.navigator.widths[1:-1],
+                              rows.dtype) is not None:
+            return None
+        from lightning_putm.methods.putm.triton_em import device_em_loop
+
+        return device_em_loop(self, rows, one_hot, prototypes, progress)
 
     def reinit(self, generators: list[torch.Generator]) -> None:
         if self.delegate is not None:

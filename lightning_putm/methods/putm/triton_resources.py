@@ -46,10 +46,6 @@ def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[in
     integers divisible by 16 let it vectorize loads and stores. (A build without that specialization, this
     function's until 2026-11-27, loads one element per instruction: 4x the global loads and stores of what ran.)"""
     import torch
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
 
     from lightning_putm.methods.putm import triton_kernels
     from lightning_putm.methods.putm.navigator import Navigator
@@ -68,15 +64,42 @@ def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[in
     name, arguments, constants, _ = engine.kernel_arguments(
         torch.zeros(tasks, queries, m), torch.zeros(tasks, ways, m), torch.zeros(tasks, queries, ways))
     constants["PRECISION"] = precision  # TF32 (1) is chosen on CUDA devices only
-    function = kernel_function(name)
+    return _build_sm90(kernel_function(name), arguments, dict(constants, **config.launch_options())), constants
+
+
+def compile_m_step_sm90(queries: int = 75, ways: int = 5, shots: int = 1, m: int = 80, tasks: int = 100):
+    """The M-step kernel of the EM loop on the device (:func:`.triton_em.m_step_kernel`) compiled for an H100 as
+    :func:`.triton_em.launch_m_step` launches it (arguments on CPU tensors, specialized like
+    :func:`compile_sm90`'s)."""
+    import torch
+
+    from lightning_putm.methods.putm import triton_em, triton_kernels
+
+    if triton_kernels.INTERPRETED:
+        raise RuntimeError("the kernels were built for the interpreter (TRITON_INTERPRET=1): unset it")
+    support = ways * shots
+    arguments, launch = triton_em.m_step_launch(
+        torch.zeros(tasks, support + queries, m), torch.zeros(tasks, support, ways),
+        torch.zeros(tasks, queries, ways), torch.zeros(tasks, queries, ways), torch.zeros(tasks, ways, m),
+        torch.zeros(tasks, queries, ways), torch.ones(tasks, dtype=torch.int8), torch.zeros(tasks, dtype=torch.int8),
+        torch.zeros(tasks, dtype=torch.int32), 3, 0.2, 0.5, 1e-3, "forward")
+    return _build_sm90(triton_em.m_step_kernel, arguments, launch)
+
+
+def _build_sm90(function, arguments: list[object], launch: dict[str, object]):
+    """``function`` compiled for sm_90 with the specialization Triton's launcher gives ``arguments`` and
+    ``launch`` (constants and options) on a GPU."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
     backend = make_backend(GPUTarget("cuda", 90, 32))
-    launch = dict(constants, **config.launch_options())
     bound, specialization, options = create_function_from_signature(function.signature, function.params,
                                                                     backend)(*arguments, **launch)
     options, signature, constexprs, attrs = function._pack_args(backend, launch, bound, specialization, options)
-    compiled = triton.compile(ASTSource(function, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
-                              options=options.__dict__)
-    return compiled, constants
+    return triton.compile(ASTSource(function, signature, constexprs, attrs), target=GPUTarget("cuda", 90, 32),
+                          options=options.__dict__)
 
 
 def sm90_resources(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
@@ -86,11 +109,17 @@ def sm90_resources(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[
                    num_stages: int = 1) -> dict[str, int]:
     """Registers per thread, spill bytes, stack bytes and shared memory of one kernel configuration on sm_90
     (arguments of :func:`compile_sm90`). Raises ``RuntimeError`` without ptxas."""
+    compiled, _ = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, balance, kernel,
+                               exact_adam, max_registers=max_registers, num_stages=num_stages)
+    return ptxas_usage(compiled, ptxas)
+
+
+def ptxas_usage(compiled, ptxas: str | None = None) -> dict[str, int]:
+    """Registers per thread, spill bytes, stack bytes and shared memory of a kernel compiled for sm_90 (``ptxas
+    -v`` on its PTX). Raises ``RuntimeError`` without ptxas."""
     ptxas = ptxas or shipped_tool("ptxas")
     if ptxas is None:
         raise RuntimeError("no ptxas (neither in the triton wheel nor on PATH)")
-    compiled, _ = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, balance, kernel,
-                               exact_adam, max_registers=max_registers, num_stages=num_stages)
     with tempfile.TemporaryDirectory() as folder:
         ptx = Path(folder) / "kernel.ptx"
         ptx.write_text(compiled.asm["ptx"])
