@@ -597,6 +597,43 @@ def test_one_compiled_kernel_serves_every_task_count_and_step(kernel, monkeypatc
     assert keys[1][1] != keys[48][1]  # without the list the warm-up and the chunk would compile separately
 
 
+def test_one_compiled_m_step_kernel_serves_every_em_step():
+    """The M-step kernel binds to one compiled kernel for EM steps 0, 1, 7 and 16 (Triton would otherwise build
+    separate kernels for an integer of 1 and for multiples of 16: compilations in the middle of the EM loop). Kills:
+    ``do_not_specialize`` dropped from the M-step kernel."""
+    pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("TRITON_INTERPRET is set in this process: the kernels were built for the interpreter")
+    try:
+        from triton.runtime.jit import create_function_from_signature
+    except ImportError:
+        pytest.skip("this triton has no create_function_from_signature: cannot bind without a GPU")
+    import copy
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+
+    from lightning_putm.methods.putm import triton_em
+
+    t, ways, queries, m = 4, 5, 75, 80
+    kernel = triton_em.m_step_kernel
+    unspecialized = [copy.copy(param) for param in kernel.params]
+    for param in unspecialized:
+        param.do_not_specialize = False
+    keys: dict[bool, set] = {True: set(), False: set()}
+    for step in (0, 1, 7, 16):
+        arguments, constants = triton_em.m_step_launch(
+            torch.zeros(t, ways + queries, m), torch.zeros(t, ways, ways), torch.zeros(t, queries, ways),
+            torch.zeros(t, queries, ways), torch.zeros(t, ways, m), torch.zeros(t, queries, ways),
+            torch.ones(t, dtype=torch.int8), torch.zeros(t, dtype=torch.int8), torch.zeros(t, dtype=torch.int32),
+            step, 0.2, 0.5, None, "forward")
+        for respect, params in ((True, kernel.params), (False, unspecialized)):
+            binder = create_function_from_signature(kernel.signature, params, make_backend(GPUTarget("cuda", 90, 32)))
+            keys[respect].add(repr(binder(*arguments, **constants)[1]))
+    assert len(keys[True]) == 1
+    assert len(keys[False]) > 1  # the mutant: this test sees the specialization
+
+
 #: sm_90 (H100) limits: 227 KB of shared memory per block, 255 registers per thread; spills allowed per config.
 SM90_SHARED_BYTES = 227 * 1024
 #: (kernel, name, queries, m, precision, most spill-store bytes per thread); measured (triton 3.8, the build the

@@ -1,8 +1,8 @@
 """The whole CT-EM loop on the device for ``solver=triton``: the M-step as a Triton kernel. Not part of the paper.
 
-:func:`device_em_loop` runs Algorithm 1's loop (paper §3: ``em_steps`` E-steps each followed by an M-step, then
-the final E-step) as a sequence of kernel launches that never wait for the host: the E-step kernel
-(:mod:`.triton_wide`, :mod:`.triton_kernels`), then :func:`m_step_kernel`, which for each task
+:meth:`.triton_engine.TritonTrainer.whole_em_loop` runs Algorithm 1's loop (paper §3: ``em_steps`` E-steps each
+followed by an M-step, then the final E-step) as a sequence of kernel launches that never wait for the host: the
+E-step kernel (:mod:`.triton_wide`, :mod:`.triton_kernels`), then :func:`m_step_kernel`, which for each task
 
 - forms the query weights from the navigator (π_f, π_b or their ρ-mixture: ``prototype_update``,
   :func:`.m_step.query_weights`), the weighted class means of the support and query rows
@@ -26,14 +26,9 @@ machine code, whose instruction estimate is checked against an H100 profile (:mo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable
-
 import torch
 import triton
 import triton.language as tl
-
-if TYPE_CHECKING:
-    from lightning_putm.methods.putm.triton_engine import TritonTrainer
 
 #: ``prototype_update`` (:func:`.m_step.query_weights`) as the kernel's ``UPDATE``.
 PROTOTYPE_UPDATE_CODES = {"forward": 0, "backward": 1, "mixed": 2}
@@ -41,7 +36,7 @@ PROTOTYPE_UPDATE_CODES = {"forward": 0, "backward": 1, "mixed": 2}
 M_STEP_WARPS = 8
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["step"])  # one build for every EM step (Triton specializes integers 1 and 16·k)
 def m_step_kernel(
     rows_ptr,  # [T, S+Q, M] float32: support rows, then queries (the task's basis)
     support_ptr,  # [T, S, N] float32: the support rows' M-step weights (one-hot × support_weight)
@@ -116,31 +111,3 @@ def launch_m_step(*args: object) -> None:
     """One launch of :func:`m_step_kernel` over all tasks (the arguments of :func:`m_step_launch`)."""
     arguments, constants = m_step_launch(*args)  # type: ignore[arg-type]
     m_step_kernel[(len(arguments[0]),)](*arguments, **constants)  # type: ignore[arg-type]
-
-
-def device_em_loop(engine: TritonTrainer, rows: torch.Tensor, one_hot: torch.Tensor, prototypes: torch.Tensor,
-                   progress: Callable[[Iterable[int]], Iterable[int]] = iter,
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`.em.em_loop` on the device: ``(π_f, prototypes, EM steps run)`` per task, from the same arguments
-    (``engine`` fresh: no E-step run yet). The host only enqueues launches; it waits once, for the EM step
-    counts, at the end."""
-    from lightning_putm.methods.putm.triton_engine import pair_costs
-
-    s = engine.settings
-    num_support = one_hot.shape[1]
-    rows = rows.contiguous()
-    support_weights = one_hot.to(rows.dtype).contiguous()
-    query = rows[:, num_support:].contiguous()
-    prototypes = prototypes.clone().contiguous()
-    cost = pair_costs(query, prototypes)
-    engine.keep_only(torch.ones(len(rows), dtype=torch.bool, device=rows.device))
-    final = torch.zeros_like(engine.active)
-    em_steps = torch.full((len(rows),), s.em_steps, dtype=torch.int32, device=rows.device)
-    for step in progress(range(s.em_steps)):
-        forward, backward = engine.launch(query, prototypes, cost)
-        engine.steps += s.inner_steps
-        launch_m_step(rows, support_weights, forward, backward, prototypes, cost, engine.active, final, em_steps,
-                      step, s.inertia, s.rho, s.early_stop_tol, s.prototype_update)
-    forward, _ = engine.launch(query, prototypes, cost)  # the final E-step; a settled task's rows are its own
-    engine.steps += s.inner_steps
-    return forward.clone(), prototypes, em_steps.to("cpu", torch.long)

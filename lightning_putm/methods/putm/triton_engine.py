@@ -192,18 +192,34 @@ class TritonTrainer(Engine):
     def whole_em_loop(self, rows: torch.Tensor, one_hot: torch.Tensor, prototypes: torch.Tensor, ways: int,
                       progress: Callable[[Iterable[int]], Iterable[int]] = iter,
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The EM loop on the device (:func:`.triton_em.device_em_loop`), unless a re-draw needs the host every EM
-        step (``reinit_navigator``) or the kernel does not handle the shape (then the E-steps fall back, as
-        :meth:`run` does)."""
-        if self.settings.reinit_navigator or self.delegate is not None or self.steps:
-            return None
+        """:func:`.em.em_loop` on the device: each EM step's E-step kernel, then the M-step kernel of
+        :mod:`.triton_em`, enqueued without waiting; the host waits once, for the EM step counts, at the end.
+        ``None`` (the host-side loop runs) when a re-draw needs the host every EM step (``reinit_navigator``), when
+        the kernel does not handle the shape (the E-steps then fall back, as :meth:`run` does) or when this engine
+        has already run E-steps."""
+        s = self.settings
         num_support = one_hot.shape[1]
-        if unsupported_reason(ways, rows.shape[1] - num_support, rows.shape[2], self.navigator.widths[1:-1],
-                              rows.dtype) is not None:
+        if s.reinit_navigator or self.delegate is not None or self.steps or unsupported_reason(
+                ways, rows.shape[1] - num_support, rows.shape[2], self.navigator.widths[1:-1], rows.dtype):
             return None
-        from lightning_putm.methods.putm.triton_em import device_em_loop
+        from lightning_putm.methods.putm.triton_em import launch_m_step
 
-        return device_em_loop(self, rows, one_hot, prototypes, progress)
+        rows = rows.contiguous()
+        support_weights = one_hot.to(rows.dtype).contiguous()
+        query = rows[:, num_support:].contiguous()
+        prototypes = prototypes.clone().contiguous()
+        cost = pair_costs(query, prototypes)
+        self.keep_only(torch.ones(len(rows), dtype=torch.bool, device=rows.device))
+        final = torch.zeros_like(self.active)  # 1: the next E-step is the task's final one (early stopping)
+        em_steps = torch.full((len(rows),), s.em_steps, dtype=torch.int32, device=rows.device)
+        for step in progress(range(s.em_steps)):
+            forward, backward = self.launch(query, prototypes, cost)
+            self.steps += s.inner_steps
+            launch_m_step(rows, support_weights, forward, backward, prototypes, cost, self.active, final, em_steps,
+                          step, s.inertia, s.rho, s.early_stop_tol, s.prototype_update)
+        forward, _ = self.launch(query, prototypes, cost)  # the final E-step; a settled task keeps its own rows
+        self.steps += s.inner_steps
+        return forward.clone(), prototypes, em_steps.to("cpu", torch.long)
 
     def reinit(self, generators: list[torch.Generator]) -> None:
         if self.delegate is not None:
