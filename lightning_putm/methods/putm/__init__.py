@@ -15,8 +15,9 @@ over tasks or pairs. Algorithm 1, step by step:
 4. A final E-step; the prediction is π_f(k|j).
 
 The E-step runs on an engine (``solver``: :mod:`.engines`, :mod:`.compiled`, :mod:`.triton_engine`,
-:mod:`.solvers`); with ``solver=triton`` the whole loop runs on the device (:mod:`.triton_em`). Speed and determinism options that are not in the paper (memory sizing, ``max_chunk_tasks``,
-``cpu_workers``, ``precision``, ``canonical_query_order``) are applied around the method by :mod:`.plumbing`.
+:mod:`.solvers`); with ``solver=triton`` the whole loop runs on the device (:mod:`.triton_em`). Speed and
+determinism options that are not in the paper (memory sizing, ``max_chunk_tasks``, ``cpu_workers``, ``precision``,
+``canonical_query_order``) are applied around the method by :mod:`.plumbing`.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ E-step kernel (:mod:`.triton_wide`, :mod:`.triton_kernels`), then :func:`m_step_
 
 - forms the query weights from the navigator (π_f, π_b or their ρ-mixture: ``prototype_update``,
   :func:`.m_step.query_weights`), the weighted class means of the support and query rows
-  (:func:`~lightning_putm.tasks.weighted_class_means`) and moves the prototypes with inertia ``μ ← μ + a(μ̂ − μ)``
-  (:func:`.m_step.m_step`);
+  (:func:`~lightning_putm.tasks.weighted_class_means`) and moves the prototypes with inertia
+  ``μ ← μ + a(μ̂ − μ)`` (:func:`.m_step.m_step`);
 - recomputes the pair costs ``‖x_j − μ_k‖²`` of the next E-step from the new prototypes, while they are in
   registers (the host-side loop streams the ``[T, Q·N, m]`` squared differences through memory for them);
 - decides early stopping (:func:`.m_step.settled`: ``max |Δμ| ≤ early_stop_tol``): a settled task gets one more
