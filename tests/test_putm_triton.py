@@ -192,14 +192,24 @@ def device_and_host_loops(shots: int, options: dict, tasks: int = 3, device: str
     features = make_clustered_features(classes=8, per_class=50, dim=32, spread=0.35, seed=0)
     batch = sample_episode_bank(features.labels, 5, shots, 15, 2.0, tasks, 0).gather(features.features,
                                                                                   torch.device(device)).batch
+    from lightning_putm.methods.putm import triton_em
+
+    launch_m_step = triton_em.launch_m_step
+    launches = []
     out = {}
-    for where in ("device", "host"):
-        method = PUTM(shots=shots, balanced=False, solver="triton", **options)
-        if where == "host":
-            method.em_step_hook = lambda step: None
-        out[where] = method.predict(batch)
-        out[f"{where}_prototypes"] = method.last_state["prototypes"]
-        out[f"{where}_em_steps"] = method.last_state["em_steps"]
+    try:  # count the M-step kernel's launches: the device loop must be the one that ran
+        triton_em.launch_m_step = lambda *args: launches.append(args[9]) or launch_m_step(*args)
+        for where in ("device", "host"):
+            launches.clear()
+            method = PUTM(shots=shots, balanced=False, solver="triton", **options)
+            if where == "host":
+                method.em_step_hook = lambda step: None
+            out[where] = method.predict(batch)
+            out[f"{where}_prototypes"] = method.last_state["prototypes"]
+            out[f"{where}_em_steps"] = method.last_state["em_steps"]
+            out[f"{where}_m_step_launches"] = torch.tensor(launches)
+    finally:
+        triton_em.launch_m_step = launch_m_step
     return out
 
 
@@ -386,6 +396,9 @@ def test_em_loop_on_the_device_matches_the_host_loop(interpreted, case):
     sums. Kills: a missing final E-step, an M-step that skips the cost update, finished tasks that run on or lose
     their result, an EM step count off by one."""
     result = interpreted[f"device loop {case}"]
+    em_steps = DEVICE_LOOP_CASES[case][1]["em_steps"]
+    assert result["device_m_step_launches"].tolist() == list(range(em_steps))  # the loop ran on the device
+    assert len(result["host_m_step_launches"]) == 0
     device, host = result["device"], result["host"]
     signal = (host - 1 / host.shape[2]).abs().max().item()
     assert signal > 3e-3
@@ -456,6 +469,7 @@ def test_em_loop_on_the_device_matches_the_host_loop_on_cuda():
     GPU-only race between the M-step kernel and the next E-step launch (a stale cost or active flag)."""
     result = device_and_host_loops(1, {**DEVICE_LOOP_CASES["early stopping"][1], "precision": "fp32"}, tasks=16,
                                    device="cuda")
+    assert len(result["device_m_step_launches"]) == 4 and len(result["host_m_step_launches"]) == 0
     device, host = result["device"].cpu(), result["host"].cpu()
     signal = (host - 1 / host.shape[2]).abs().max().item()
     report = f"largest difference {(device - host).abs().max().item():.3g}, signal {signal:.3g}"
