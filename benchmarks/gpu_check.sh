@@ -8,11 +8,11 @@
 #   1. the CUDA tests of the fused Triton E-step kernel (solver=triton)      python -m pytest -m cuda tests/test_putm_triton.py
 #   2. solver=triton, 1-shot, tasks/s at T = 1000 (+ the reference on the same GPU when a checkout is given) and 10000,
 #      then its cross-check against the fp32 engine with the noise floor     bench_putm.py, crosscheck_putm.py
-#   3. the kernels compared: the chunked kernel (measured first, 2026-11-27) and the wide kernel's configurations
+#   3. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
+#      reasons, pipe and memory use; skipped without ncu)
+#   4. the kernels compared: the chunked kernel (measured first, 2026-11-27) and the wide kernel's configurations
 #      (pair tile, warps, exact or fast Adam, register cap, pipeline stages), T = 1000, 50 EM steps each
 #                                                                                     bench_putm.py --triton-*
-#   4. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
-#      reasons, pipe and memory use; skipped without ncu)
 #   5. solver=triton, 5-shot: tasks/s at T = 1000 (+ the reference) and 10000, and its cross-check
 #   6. all CUDA-marked tests                                                  python -m pytest -m cuda
 #   7. the default solver (compiled) at T = 1000 and 10000, --solver compiled, the reference at T = 10000, and the
@@ -23,7 +23,7 @@
 # GPU_CHECK_BUDGET (seconds, default 0 = none) bounds the whole check, for a GPU lent by the minute: a step that
 # cannot start with 20 s left is recorded as SKIPPED, and each step's limit is cut to what is left.
 # It writes <GPU_CHECK_OUT>/<UTC date>-<device>.md (default outputs/gpu_check/), whose path it prints, with a table
-# of step 3's configurations by tasks/s, the fastest first. The exit
+# of step 4's configurations by tasks/s, the fastest first. The exit
 # status is 0 only if every step ran and passed.
 #
 # Environment: PUTM_REFERENCE (same as the argument), GPU_CHECK_OUT (report folder), GPU_CHECK_WHEELS (a folder
@@ -161,7 +161,17 @@ run_step "PUTM solver, --solver triton, 1-shot, T = 1000" text "${TRITON[@]}" --
 run_step "PUTM solver, --solver triton, 1-shot, T = 10000" text "${TRITON[@]}" --sizes 10000 "${BIG[@]}"
 run_step "Triton vs fp32 engine, 1-shot" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000 \
     --solver triton --shots 1
-# 3: the kernels and their configurations compared (T = 1000, the full 50 EM steps; the warm-up compiles each
+# 3: where an E-step's time goes (before the sweep, so that a short slot still gets it): the 6th launch of the
+#    E-step kernel, the 4th of the timed run (the warm-up's two and the first E-steps' passed)
+if command -v ncu >/dev/null; then
+    run_step "Triton kernel: Nsight Compute profile of one E-step of 1000 tasks" text ncu --launch-skip 5 \
+        --launch-count 1 -k regex:e_step_kernel --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+        "${TRITON[@]}" --sizes 1000 --em-steps 5
+else
+    echo "| Triton kernel: Nsight Compute profile | SKIPPED (no ncu on PATH) | 0 |" >>"$SUMMARY"
+fi
+# 4: the kernels and their configurations compared (T = 1000, the full 50 EM steps; the warm-up compiles each
 #    kernel, untimed): the chunked kernel measured on 2026-11-27 first, for the ratio in the same session, then
 #    the wide kernel's most telling variants (approximate Adam; more warps per SM: registers capped at 128 for two
 #    8-warp programs per SM; the next pair tile's loads overlapping the current tile's products: 2 pipeline
@@ -186,15 +196,6 @@ warps=$WARPS Adam=$ADAM$([[ $CAP != - ]] && echo " registers<=$CAP")$([[ $STAGES
 | ${CAP/-/—} | $STAGES | ${RATE:-—} | ${STEP_RESULT%% (*} |" >>"$SWEEP"
 done
 run_step "Triton sweep, 132 persistent programs" text "${TRITON[@]}" --sizes 1000 --triton-programs 132
-# 4: where an E-step's time goes: the 6th launch of the kernel (the warm-up's and the first E-steps' passed)
-if command -v ncu >/dev/null; then
-    run_step "Triton kernel: Nsight Compute profile of one E-step of 1000 tasks" text ncu --launch-skip 5 \
-        --launch-count 1 -k regex:e_step_kernel --section SpeedOfLight --section Occupancy --section LaunchStats \
-        --section WarpStateStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
-        "${TRITON[@]}" --sizes 1000 --em-steps 5
-else
-    echo "| Triton kernel: Nsight Compute profile | SKIPPED (no ncu on PATH) | 0 |" >>"$SUMMARY"
-fi
 # 5: 5 shots
 run_step "PUTM solver, --solver triton, 5-shot" text "${TRITON[@]}" --sizes 1000 10000 --shots 5 "${BIG[@]}" \
     "${REFERENCE_ARGS[@]}"

@@ -759,7 +759,7 @@ def test_benchmark_flags_set_the_kernel_configuration(monkeypatch):
 
 
 def test_every_gpu_check_sweep_row_is_a_distinct_kernel_configuration(monkeypatch):
-    """Each row of gpu_check.sh's kernel sweep (step 3) parses with bench_putm.py's flags and gives the
+    """Each row of gpu_check.sh's kernel sweep (step 4) parses with bench_putm.py's flags and gives the
     :class:`KernelConfig` its fields name, and no two rows time the same configuration. Kills: a sweep field
     passed to the wrong flag or not at all (the row would time another configuration under its name), a row whose
     flag the benchmark does not know (the lent GPU's minutes lost to an argparse error), a duplicated row."""
