@@ -704,6 +704,22 @@ def test_m_step_kernel_fits_an_h100(shots, m):
     assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
 
 
+def test_tasks_too_large_for_one_m_step_program_run_the_host_loop():
+    """The paper's 1- and 5-shot tasks fit one M-step program (a padded [128, 128] block); a 10-way 5-shot task with
+    150 queries (m = 200) does not, and for it the engine leaves the EM loop to the host (nothing launched). Kills:
+    the bound dropped (that block spills 4.3 KB per thread; larger ones take minutes to compile)."""
+    pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
+    from lightning_putm.methods.putm.triton_em import m_step_fits
+
+    assert m_step_fits(5 + 75, 80) and m_step_fits(25 + 75, 100)
+    assert not m_step_fits(50 + 150, 200)
+    _, trainer = engines(2, 200, torch.float32)
+    rows_ = rows(2, 200, 200, 1)
+    one_hot = torch.eye(10).repeat(2, 5, 1)
+    assert trainer.whole_em_loop(rows_, one_hot, rows(2, 10, 200, 2), 10) is None
+    assert trainer.steps == 0
+
+
 def test_register_cap_reaches_the_sm90_build():
     """``KernelConfig.max_registers`` is what the engine launches with (``launch_options``) and what the sm_90 build
     gets: at most 128 registers, the rest spilled. Kills: a cap that never reaches the compiler (255 registers)."""

@@ -17,7 +17,8 @@ E-step kernel (:mod:`.triton_wide`, :mod:`.triton_kernels`), then :func:`m_step_
 It gives what :func:`.em.em_loop` gives with the same engine, up to the order of the M-step's sums (a rounding
 difference), without a host round trip per EM step. It runs where the E-step kernel runs, when nothing needs the
 host between E-steps: no ``em_step_hook`` (inspection) and no ``reinit_navigator`` (a re-draw uses the host's
-random generators); otherwise :func:`.em.em_loop` drives the engine E-step by E-step as before.
+random generators), and tasks small enough for one M-step program (:func:`m_step_fits`: the paper's settings);
+otherwise :func:`.em.em_loop` drives the engine E-step by E-step as before.
 
 Why a kernel of its own and not the M-step inside the E-step kernel: fusing them would save one launch per EM step
 (microseconds, against an E-step of tens of milliseconds for thousands of tasks) and change the E-step kernel's
@@ -34,6 +35,14 @@ import triton.language as tl
 PROTOTYPE_UPDATE_CODES = {"forward": 0, "backward": 1, "mixed": 2}
 #: Warps of an M-step program (its largest tensor is a task's ``[S+Q, m]`` rows, padded to powers of two).
 M_STEP_WARPS = 8
+#: Largest padded ``[S+Q, m]`` block an M-step program holds: 128 x 128 (the paper's 1- and 5-shot tasks) builds
+#: for sm_90 without spills; 256 x 256 spilled 4.3 KB per thread. Larger tasks run the host-side EM loop.
+M_STEP_MAX_BLOCK = 128 * 128
+
+
+def m_step_fits(rows: int, m: int) -> bool:
+    """Whether the M-step kernel holds a task of ``rows`` rows (support and queries) in a basis of ``m`` columns."""
+    return triton.next_power_of_2(rows) * max(16, triton.next_power_of_2(m)) <= M_STEP_MAX_BLOCK
 
 
 @triton.jit(do_not_specialize=["step"])  # one build for every EM step (Triton specializes integers 1 and 16·k)

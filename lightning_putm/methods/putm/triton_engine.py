@@ -195,14 +195,18 @@ class TritonTrainer(Engine):
         """:func:`.em.em_loop` on the device: each EM step's E-step kernel, then the M-step kernel of
         :mod:`.triton_em`, enqueued without waiting; the host waits once, for the EM step counts, at the end.
         ``None`` (the host-side loop runs) when a re-draw needs the host every EM step (``reinit_navigator``), when
-        the kernel does not handle the shape (the E-steps then fall back, as :meth:`run` does) or when this engine
-        has already run E-steps."""
+        the kernel does not handle the shape (the E-steps then fall back, as :meth:`run` does), when a task is too
+        large for one M-step program (:func:`.triton_em.m_step_fits`) or when this engine has already run
+        E-steps."""
         s = self.settings
         num_support = one_hot.shape[1]
         if s.reinit_navigator or self.delegate is not None or self.steps or unsupported_reason(
                 ways, rows.shape[1] - num_support, rows.shape[2], self.navigator.widths[1:-1], rows.dtype):
             return None
-        from lightning_putm.methods.putm.triton_em import launch_m_step
+        from lightning_putm.methods.putm.triton_em import launch_m_step, m_step_fits
+
+        if not m_step_fits(rows.shape[1], rows.shape[2]):
+            return None
 
         rows = rows.contiguous()
         support_weights = one_hot.to(rows.dtype).contiguous()
