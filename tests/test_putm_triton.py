@@ -560,21 +560,27 @@ def test_pair_costs_by_chunks_equal_the_fused_engines(monkeypatch):
     assert torch.equal(triton_engine.pair_costs(query, prototypes), pair_inputs(query, prototypes)[1])
 
 
-def h100_specialization(trainer, query, prototypes, respect_do_not_specialize: bool = True) -> list:
-    """What Triton keys its compiled H100 kernels on for this launch (the specialization of every argument), computed
-    by Triton's own binder for a ``cuda`` sm_90 backend: no GPU needed. ``respect_do_not_specialize=False`` binds
-    as if the kernel had no ``do_not_specialize`` list (the mutant)."""
+def need_h100_binder() -> None:
+    """Skip unless Triton's own launch binder can run here (compiled kernels, a triton that has it)."""
+    pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        pytest.skip("TRITON_INTERPRET is set in this process: the kernels were built for the interpreter")
+    try:
+        from triton.runtime.jit import create_function_from_signature  # noqa: F401  (a triton internal)
+    except ImportError:
+        pytest.skip("this triton has no create_function_from_signature: cannot bind without a GPU")
+
+
+def h100_binding(kernel, arguments: list, constants: dict, respect_do_not_specialize: bool = True) -> list:
+    """What Triton keys its compiled H100 kernels on for a launch of ``kernel`` (the specialization of every
+    argument), computed by Triton's own binder for a ``cuda`` sm_90 backend: no GPU needed.
+    ``respect_do_not_specialize=False`` binds as if the kernel had no ``do_not_specialize`` list (the mutant)."""
     import copy
 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    from lightning_putm.methods.putm.step import pair_inputs
-    from lightning_putm.methods.putm.triton_engine import kernel_function
-
-    name, arguments, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
-    kernel = kernel_function(name)
     params = kernel.params
     if not respect_do_not_specialize:
         params = [copy.copy(param) for param in params]
@@ -584,6 +590,15 @@ def h100_specialization(trainer, query, prototypes, respect_do_not_specialize: b
     return binder(*arguments, **constants)[1]
 
 
+def h100_specialization(trainer, query, prototypes, respect_do_not_specialize: bool = True) -> list:
+    """:func:`h100_binding` of the E-step kernel the engine launches for these tasks."""
+    from lightning_putm.methods.putm.step import pair_inputs
+    from lightning_putm.methods.putm.triton_engine import kernel_function
+
+    name, arguments, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
+    return h100_binding(kernel_function(name), arguments, constants, respect_do_not_specialize)
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_one_compiled_kernel_serves_every_task_count_and_step(kernel, monkeypatch):
     """A one-task warm-up, a 48-task chunk and an E-step that starts at Adam step 240 bind to the same compiled
@@ -591,13 +606,7 @@ def test_one_compiled_kernel_serves_every_task_count_and_step(kernel, monkeypatc
     task count of 1 and for counts and step numbers divisible by 16 — on the first H100 run that put a compilation
     of seconds inside timed runs (tile sweeps at 16–22 tasks/s where the steady state was about 350) and in the
     middle of a user's EM loop (E-step 9 starts at step 240)."""
-    pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        pytest.skip("TRITON_INTERPRET is set in this process: the kernels were built for the interpreter")
-    try:
-        from triton.runtime.jit import create_function_from_signature  # noqa: F401  (a triton internal)
-    except ImportError:
-        pytest.skip("this triton has no create_function_from_signature: cannot bind without a GPU")
+    need_h100_binder()
     from lightning_putm.methods.putm import triton_engine
 
     monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(kernel=kernel))
@@ -616,25 +625,10 @@ def test_one_compiled_m_step_kernel_serves_every_em_step():
     """The M-step kernel binds to one compiled kernel for EM steps 0, 1, 7 and 16 (Triton would otherwise build
     separate kernels for an integer of 1 and for multiples of 16: compilations in the middle of the EM loop). Kills:
     ``do_not_specialize`` dropped from the M-step kernel."""
-    pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        pytest.skip("TRITON_INTERPRET is set in this process: the kernels were built for the interpreter")
-    try:
-        from triton.runtime.jit import create_function_from_signature
-    except ImportError:
-        pytest.skip("this triton has no create_function_from_signature: cannot bind without a GPU")
-    import copy
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import make_backend
-
+    need_h100_binder()
     from lightning_putm.methods.putm import triton_em
 
     t, ways, queries, m = 4, 5, 75, 80
-    kernel = triton_em.m_step_kernel
-    unspecialized = [copy.copy(param) for param in kernel.params]
-    for param in unspecialized:
-        param.do_not_specialize = False
     keys: dict[bool, set] = {True: set(), False: set()}
     for step in (0, 1, 7, 16):
         arguments, constants = triton_em.m_step_launch(
@@ -642,9 +636,8 @@ def test_one_compiled_m_step_kernel_serves_every_em_step():
             torch.zeros(t, queries, ways), torch.zeros(t, ways, m), torch.zeros(t, queries, ways),
             torch.ones(t, dtype=torch.int8), torch.zeros(t, dtype=torch.int8), torch.zeros(t, dtype=torch.int32),
             step, 0.2, 0.5, None, "forward")
-        for respect, params in ((True, kernel.params), (False, unspecialized)):
-            binder = create_function_from_signature(kernel.signature, params, make_backend(GPUTarget("cuda", 90, 32)))
-            keys[respect].add(repr(binder(*arguments, **constants)[1]))
+        for respect in (True, False):
+            keys[respect].add(repr(h100_binding(triton_em.m_step_kernel, arguments, constants, respect)))
     assert len(keys[True]) == 1
     assert len(keys[False]) > 1  # the mutant: this test sees the specialization
 
