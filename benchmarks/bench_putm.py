@@ -56,6 +56,8 @@ import time
 
 import torch
 
+from triton_flags import add_triton_flags, check_triton_flags, triton_flag_values, use_triton_config
+
 EM_STEPS = 50
 #: Dense (no sparsity) datasheet peaks in TFLOP/s: (name fragment, fp32, tf32, bf16); first match wins.
 GPU_PEAK_TFLOPS = [
@@ -154,24 +156,6 @@ def solver_options(args: argparse.Namespace) -> dict:
     return options
 
 
-#: ``--triton-*`` flags and the :class:`KernelConfig` field each sets (``solver=triton`` only).
-TRITON_FLAGS = {"--triton-kernel": "kernel", "--triton-block-p": "block_p", "--triton-block-k": "block_k",
-                "--triton-warps": "num_warps", "--triton-programs": "programs", "--triton-adam": "exact_adam",
-                "--triton-max-registers": "max_registers", "--triton-stages": "num_stages"}
-
-
-def use_triton_config(args: argparse.Namespace) -> None:
-    """The kernel's tile configuration from the ``--triton-*`` flags (unset flags keep the default)."""
-    from lightning_putm.methods.putm import triton_engine
-
-    changes = {field: getattr(args, flag[2:].replace("-", "_")) for flag, field in TRITON_FLAGS.items()}
-    changes = {field: value for field, value in changes.items() if value is not None}
-    if "exact_adam" in changes:
-        changes["exact_adam"] = changes["exact_adam"] == "exact"
-    if changes:
-        triton_engine.DEFAULT_CONFIG = dataclasses.replace(triton_engine.DEFAULT_CONFIG, **changes)
-
-
 def worker(args: argparse.Namespace) -> dict:
     """Solve ``args.size`` tasks with one implementation; report seconds, chunks, accuracy and peak memory."""
     from lightning_putm.data.episodes import sample_episode_bank
@@ -236,9 +220,9 @@ def run_worker(args: argparse.Namespace, size: int, implementation: str) -> dict
                "--queries", str(args.queries), "--memory-budget-mb", str(args.memory_budget_mb),
                "--em-steps", str(args.em_steps), "--precision", args.precision, "--solver", args.solver,
                "--stream-tasks", str(args.stream_tasks), "--threads", str(args.threads), "--basis", args.basis]
-    triton_flags = [(flag, getattr(args, flag[2:].replace("-", "_"))) for flag in TRITON_FLAGS]
     for flag, value in (("--early-stop-tol", args.early_stop_tol), ("--max-chunk-tasks", args.max_chunk_tasks),
-                        ("--cpu-workers", args.cpu_workers), ("--reference", args.reference), *triton_flags):
+                        ("--cpu-workers", args.cpu_workers), ("--reference", args.reference),
+                        *triton_flag_values(args)):
         if value is not None:
             command += [flag, str(value)]
     if args.balanced:
@@ -270,23 +254,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--solver", default="auto", choices=["auto", "compiled", "fused", "autograd", "triton"],
                         help="PUTM engine (auto = compiled on CUDA, fused elsewhere; triton = the fused kernel)")
     parser.add_argument("--basis", default="qr", choices=["qr", "cholesky"], help="PUTM per-task basis")
-    parser.add_argument("--triton-kernel", default=None, choices=["wide", "chunked"],
-                        help="solver=triton: which kernel (default: wide)")
-    parser.add_argument("--triton-block-p", type=int, default=None, help="solver=triton: pairs per tile")
-    parser.add_argument("--triton-block-k", type=int, default=None,
-                        help="solver=triton: input columns per chunk (chunked kernel)")
-    parser.add_argument("--triton-adam", default=None, choices=["exact", "fast"],
-                        help="solver=triton: Adam's square root and divisions correctly rounded (default) or by the "
-                             "GPU's approximate instructions (wide kernel)")
-    parser.add_argument("--triton-warps", type=int, default=None, help="solver=triton: warps per program")
-    parser.add_argument("--triton-programs", type=int, default=None,
-                        help="solver=triton: programs per launch (default: one per task)")
-    parser.add_argument("--triton-max-registers", type=int, default=None,
-                        help="solver=triton: cap on registers per thread (128: two 8-warp programs per SM, with "
-                             "spills; default: no cap)")
-    parser.add_argument("--triton-stages", type=int, default=None,
-                        help="solver=triton: software pipelining of the loops over pair tiles (2: the next tile's "
-                             "loads overlap the current tile's products; default: 1, none)")
+    add_triton_flags(parser)
     parser.add_argument("--early-stop-tol", type=float, default=None)
     parser.add_argument("--max-chunk-tasks", type=int, default=None, help="PUTM chunk cap (default: automatic)")
     parser.add_argument("--cpu-workers", type=int, default=None, help="PUTM CPU workers (default: torch threads)")
@@ -304,7 +272,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--implementation", default="ours", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_triton_flags(parser, args)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:

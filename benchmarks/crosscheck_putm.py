@@ -19,6 +19,8 @@ it; with ``--no-noise-floor`` the bound is 99.5%. bf16 is reported, not checked.
 
     python benchmarks/crosscheck_putm.py --device cuda --tasks 1000          # the acceptance run (GPU)
     python benchmarks/crosscheck_putm.py --device cuda --tasks 1000 --solver triton --shots 5
+    python benchmarks/crosscheck_putm.py --device cuda --tasks 1000 --solver triton --triton-adam fast
+        # ^ one kernel configuration: the --triton-* flags, as in bench_putm.py
     python benchmarks/crosscheck_putm.py --device cpu --tasks 100 --em-steps 5  # a quick CPU check
 
 Timings include a CUDA synchronisation; the first run of each engine warms up on one task first.
@@ -34,6 +36,7 @@ from pathlib import Path
 import torch
 
 from bench_methods import synthetic_features
+from triton_flags import add_triton_flags, check_triton_flags, use_triton_config
 from lightning_putm.data import sample_episode_bank
 from lightning_putm.methods.putm import PUTM
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
@@ -96,7 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "AVX512-BF16)")
     parser.add_argument("--no-noise-floor", action="store_true",
                         help="skip the noise-floor run (the specification on features changed by one rounding error)")
+    add_triton_flags(parser)
     args = parser.parse_args(argv)
+    check_triton_flags(parser, args)
     if args.tasks < 2:
         parser.error("--tasks must be >= 2")
     if args.em_steps < 0:
@@ -115,7 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"PUTM cross-check: {args.tasks} tasks, 5-way {args.shots}-shot, 75 queries, Dirichlet(2), "
           f"d={features.shape[1]}, "
-          f"{args.em_steps} EM steps; device: {name}; torch {torch.__version__}\n")
+          f"{args.em_steps} EM steps; device: {name}; torch {torch.__version__}")
+    if args.solver == "triton":
+        from lightning_putm.methods.putm import triton_engine
+
+        use_triton_config(args)
+        print(f"triton kernel: {triton_engine.DEFAULT_CONFIG}")
+    print()
     print("| solver | precision | device | tasks | tasks/s | mean acc % ± CI95 | % same as spec | Δ acc (pts) |")
     print("|---|---|---|---|---|---|---|---|")
     spec_predictions = spec_accuracy = None

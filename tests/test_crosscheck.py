@@ -55,3 +55,34 @@ def test_a_floor_above_the_fixed_bound_keeps_99_5(monkeypatch, capsys):
 def test_without_the_noise_floor_the_bound_is_99_5(monkeypatch, capsys, flips, expected):
     code, out = run(monkeypatch, capsys, compiled_flips=flips, floor_flips=None)
     assert code == expected and "(noise floor)" not in out
+
+
+def test_triton_flags_choose_the_kernel_configuration_the_check_runs(monkeypatch, capsys):
+    """``--triton-*`` flags (those of bench_putm.py) set the kernel configuration before the engines run, so the
+    GPU check can hold the sweep's fastest configuration to the noise floor with the flags that timed it. Kills:
+    flags parsed but not applied (the default kernel would be checked under the configuration's name)."""
+    from lightning_putm.methods.putm import triton_engine
+
+    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig())
+    spec = torch.rand(TASKS, 75, 5, generator=torch.Generator().manual_seed(0)).softmax(-1)
+    seen = []
+
+    def solve(solver, precision, batch, args):
+        seen.append((solver, triton_engine.DEFAULT_CONFIG))
+        return spec, 1.0
+
+    monkeypatch.setattr(crosscheck_putm, "solve", solve)
+    argv = ["--device", "cpu", "--tasks", str(TASKS), "--dim", "8", "--no-bf16", "--no-noise-floor", "--solver",
+            "triton", "--triton-adam", "fast", "--triton-warps", "4", "--triton-stages", "2"]
+    assert crosscheck_putm.main(argv) == 0
+    chosen = triton_engine.KernelConfig(exact_adam=False, num_warps=4, num_stages=2)
+    assert seen == [("fused", chosen), ("triton", chosen)]
+    assert f"triton kernel: {chosen}" in capsys.readouterr().out
+
+
+def test_triton_flags_without_solver_triton_stop_with_one_line(capsys):
+    """A kernel flag with another solver would be ignored and the table mistaken for that configuration's."""
+    with pytest.raises(SystemExit):
+        crosscheck_putm.parse_args(["--triton-adam", "fast", "--triton-warps", "4"])
+    assert ("--triton-warps, --triton-adam only apply to --solver triton (got --solver compiled)"
+            in capsys.readouterr().err)

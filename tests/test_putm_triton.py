@@ -754,13 +754,10 @@ def test_benchmark_flags_set_the_kernel_configuration(monkeypatch):
     """``bench_putm.py --triton-*`` flags become the engine's :class:`KernelConfig` (how gpu_check.sh's sweep picks
     each row), unset ones keep the default. Kills: a flag parsed but never applied (the sweep would time the
     default kernel under another row's name)."""
-    import importlib.util
-
+    from helpers.benchmarks import benchmark_module
     from lightning_putm.methods.putm import triton_engine
 
-    spec = importlib.util.spec_from_file_location("bench_putm", ROOT / "benchmarks" / "bench_putm.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_module("bench_putm")
     monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig())
     bench.use_triton_config(bench.parse_args(["--solver", "triton", "--triton-warps", "4", "--triton-adam", "fast",
                                               "--triton-max-registers", "128", "--triton-stages", "2"]))
@@ -773,21 +770,19 @@ def test_every_gpu_check_sweep_row_is_a_distinct_kernel_configuration(monkeypatc
     :class:`KernelConfig` its fields name, and no two rows time the same configuration. Kills: a sweep field
     passed to the wrong flag or not at all (the row would time another configuration under its name), a row whose
     flag the benchmark does not know (the lent GPU's minutes lost to an argparse error), a duplicated row."""
-    import importlib.util
     import re
 
+    from helpers.benchmarks import benchmark_module
     from lightning_putm.methods.putm import triton_engine
 
-    spec = importlib.util.spec_from_file_location("bench_putm", ROOT / "benchmarks" / "bench_putm.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = benchmark_module("bench_putm")
     script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
     loop = re.search(r"for VARIANT in (.*?); do(.*?)\ndone", script, re.S)
     rows = re.findall(r'"([^"]+)"', loop.group(1))
     assert len(rows) >= 10 and rows[0].startswith("chunked 32 16 8 exact - 1")
     body = loop.group(2).replace("\\\n", " ")
     flags = dict(re.findall(r'(--triton-[a-z-]+) "\$([A-Z_]+)"', body))
-    assert set(flags) == set(bench.TRITON_FLAGS) - {"--triton-programs"}, flags
+    assert set(flags) == set(benchmark_module("triton_flags").TRITON_FLAGS) - {"--triton-programs"}, flags
     configs = set()
     for row in rows:
         fields = dict(zip(["KERNEL", "BLOCK_P", "BLOCK_K", "WARPS", "ADAM", "CAP", "STAGES"], row.split(),
