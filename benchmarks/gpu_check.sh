@@ -6,14 +6,16 @@
 # Without a CUDA device it prints "no CUDA device: nothing to check" and exits 0. With one, it runs these steps
 # in this order (most important first), each recorded (output, status, seconds) even when an earlier one failed:
 #   1. the CUDA tests of the fused Triton E-step kernel (solver=triton)      python -m pytest -m cuda tests/test_putm_triton.py
-#   2. solver=triton, 1-shot, tasks/s at T = 1000 (+ the reference on the same GPU when a checkout is given) and 10000,
-#      then its cross-check against the fp32 engine with the noise floor     bench_putm.py, crosscheck_putm.py
+#   2. solver=triton, 1-shot, tasks/s at T = 1000 (+ the reference on the same GPU when a checkout is given)
+#                                                                                     bench_putm.py
 #   3. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
 #      reasons, pipe and memory use; skipped without ncu)
 #   4. the kernels compared: the chunked kernel (measured first, 2026-11-27) and the wide kernel's configurations
 #      (pair tile, warps, exact or fast Adam, register cap, pipeline stages), T = 1000, 50 EM steps each
 #                                                                                     bench_putm.py --triton-*
-#   5. solver=triton, 5-shot: tasks/s at T = 1000 (+ the reference) and 10000, and its cross-check
+#   5. the fastest configuration of steps 2 and 4: tasks/s at T = 10000 (1 shot), at T = 1000 (+ the reference)
+#      and 10000 (5 shots), its cross-checks against the fp32 engine with the noise floor (1 and 5 shots), and
+#      132 persistent programs                                  bench_putm.py, crosscheck_putm.py --triton-*
 #   6. all CUDA-marked tests                                                  python -m pytest -m cuda
 #   7. the default solver (compiled) at T = 1000 and 10000, --solver compiled, the reference at T = 10000, and the
 #      fast path's cross-check                                               bench_putm.py, crosscheck_putm.py
@@ -21,15 +23,16 @@
 #                                                                          benchmarks/bench_pretrain.py
 #   and the sm_90 resource table of the kernel (compiled on the host, no GPU work; within the budget)
 # GPU_CHECK_BUDGET (seconds, default 0 = none) bounds the whole check, for a GPU lent by the minute: a step that
-# cannot start with 20 s left is recorded as SKIPPED, and each step's limit is cut to what is left.
+# cannot start with 20 s left is recorded as SKIPPED, and each step's limit is cut to what is left. Under a budget
+# the sweep (step 4) stops early enough to leave GPU_CHECK_RESERVE seconds (default 240) to step 5.
 # It writes <GPU_CHECK_OUT>/<UTC date>-<device>.md (default outputs/gpu_check/), whose path it prints, with a table
-# of step 4's configurations by tasks/s, the fastest first. The exit
+# of the configurations of steps 2 and 4 by tasks/s, the fastest first. The exit
 # status is 0 only if every step ran and passed.
 #
 # Environment: PUTM_REFERENCE (same as the argument), GPU_CHECK_OUT (report folder), GPU_CHECK_WHEELS (a folder
 # of wheels to install first when a needed package is missing; default .whl — see benchmarks/gpu_wheels.sh),
 # GPU_CHECK_STEP_TIMEOUT (seconds per step, default 300), GPU_CHECK_BUDGET (seconds in all, default 0: no
-# limit), PYTHON (default python3).
+# limit), GPU_CHECK_RESERVE (see above), PYTHON (default python3).
 # Python packages needed beyond torch: pytorch-lightning, omegaconf (+ antlr4-python3-runtime for omegaconf < 2.4), optuna,
 # scikit-learn, matplotlib, timm, tqdm, pyyaml, pytest, hypothesis. wandb is not needed here.
 set -uo pipefail
@@ -43,6 +46,13 @@ OUT_DIR="${GPU_CHECK_OUT:-outputs/gpu_check}"
 WHEELS="${GPU_CHECK_WHEELS:-.whl}"
 STEP_TIMEOUT="${GPU_CHECK_STEP_TIMEOUT:-300}"
 BUDGET="${GPU_CHECK_BUDGET:-0}"
+RESERVE="${GPU_CHECK_RESERVE:-240}"
+for SETTING in "GPU_CHECK_STEP_TIMEOUT=$STEP_TIMEOUT" "GPU_CHECK_BUDGET=$BUDGET" "GPU_CHECK_RESERVE=$RESERVE"; do
+    if [[ ! ${SETTING#*=} =~ ^[0-9]+$ ]]; then
+        echo "gpu_check: $SETTING is not a whole number of seconds; set it to one (e.g. GPU_CHECK_BUDGET=540)" >&2
+        exit 2
+    fi
+done
 COMMAND="bash benchmarks/gpu_check.sh [/path/to/PUTM]"
 
 no_gpu() {
@@ -98,6 +108,7 @@ CHECK_START=$SECONDS
 ROWS="$(mktemp /tmp/gpu_check_rows.XXXXXX)"
 SWEEP="$(mktemp /tmp/gpu_check_sweep.XXXXXX)"
 STEP_RESULT=""  # the last step's result: passed, FAILED (…) or SKIPPED
+KEEP=0  # seconds at the end of the budget that run_step leaves alone (the sweep keeps them for the steps after it)
 
 # run_step TITLE FORMAT COMMAND...: runs it under the step timeout, shows its output live, and records it
 # (FORMAT=row: a passing run's markdown table row joins the throughput table; text: the output in a code block).
@@ -106,10 +117,12 @@ run_step() {
     shift 2
     local limit=$STEP_TIMEOUT
     if [[ $BUDGET -gt 0 ]]; then
-        local left=$((BUDGET - (SECONDS - CHECK_START)))
+        local left=$((BUDGET - (SECONDS - CHECK_START) - KEEP))
         if [[ $left -lt 20 ]]; then
-            echo "=== $title: SKIPPED (GPU_CHECK_BUDGET=$BUDGET s spent)"
-            echo "| $title | SKIPPED (budget of $BUDGET s spent) | 0 |" >>"$SUMMARY"
+            local why="budget of $BUDGET s spent"
+            [[ $KEEP -gt 0 ]] && why="the budget's last $KEEP s are kept for the fastest configuration's steps"
+            echo "=== $title: SKIPPED ($why)"
+            echo "| $title | SKIPPED ($why) | 0 |" >>"$SUMMARY"
             SKIPPED=1
             STEP_RESULT="SKIPPED"
             return
@@ -155,12 +168,46 @@ fi
 BENCH=("$PYTHON" benchmarks/bench_putm.py --device cuda)
 TRITON=("${BENCH[@]}" --solver triton --basis cholesky)
 BIG=(--stream-tasks 10000 --memory-budget-mb 32768)
-# 1-2: the fused Triton kernel, 1 shot
+# A kernel configuration, as the sweep names it: kernel BLOCK_P BLOCK_K warps Adam register-cap stages (BLOCK_P "-":
+# each precision's default pair tile, BF16_TILE in bf16; register cap "-": none). KernelConfig()'s, and its bf16
+# tile (tests/test_putm_triton.py holds them equal):
+DEFAULT_VARIANT="wide - 16 8 exact - 1"
+BF16_TILE=32
+# variant_args VARIANT: its bench_putm.py flags, in VARIANT_ARGS; the same without the pair tile, in CHECK_ARGS
+# (the cross-check also runs the kernel in fp32, whose tiles are smaller: a bf16 tile of 64 or more spills tens of
+# KB per thread there); its name, in VARIANT_NAME
+variant_args() {
+    local kernel block_p block_k warps adam cap stages
+    read -r kernel block_p block_k warps adam cap stages <<<"$1"
+    CHECK_ARGS=(--triton-kernel "$kernel" --triton-block-k "$block_k" --triton-warps "$warps" --triton-adam "$adam" \
+        --triton-stages "$stages")
+    [[ $cap != - ]] && CHECK_ARGS+=(--triton-max-registers "$cap")
+    VARIANT_ARGS=("${CHECK_ARGS[@]}")
+    [[ $block_p != - ]] && VARIANT_ARGS+=(--triton-block-p "$block_p")
+    VARIANT_NAME="$kernel$([[ $block_p != - ]] && echo " BLOCK_P=$block_p")$([[ $kernel == chunked ]] \
+&& echo " BLOCK_K=$block_k") warps=$warps Adam=$adam$([[ $cap != - ]] && echo " registers<=$cap")$([[ $stages != 1 ]] \
+&& echo " stages=$stages")"
+}
+# sweep_row VARIANT LABEL: the last step's tasks/s (bench_putm.py's "ours cuda 1000 chunks seconds tasks/s …" line)
+# as a row of the sweep's table; the fastest passing configuration so far becomes BEST_VARIANT
+BEST_VARIANT="$DEFAULT_VARIANT"
+BEST_RATE=0
+sweep_row() {
+    local kernel block_p block_k warps adam cap stages rate="—"
+    read -r kernel block_p block_k warps adam cap stages <<<"$1"
+    [[ $STEP_RESULT == passed ]] && rate="$(awk '$1 == "ours" && $3 == 1000 {print $6; exit}' "$LOG")"
+    echo "| $kernel$2 | ${block_p/-/$BF16_TILE} | $([[ $kernel == chunked ]] && echo "$block_k" || echo —) | $warps | $adam \
+| ${cap/-/—} | $stages | ${rate:-—} | ${STEP_RESULT%% (*} |" >>"$SWEEP"
+    if [[ -n "$rate" && $rate != — ]] && awk -v a="$rate" -v b="$BEST_RATE" 'BEGIN {exit !(a + 0 > b + 0)}'; then
+        BEST_VARIANT="$1"
+        BEST_RATE="$rate"
+    fi
+}
+# 1-2: the fused Triton kernel's CUDA tests, then its default configuration at 1 shot, T = 1000 (+ the reference on
+#    the same GPU when a checkout is given): the sweep's first row
 run_step "Triton kernel: CUDA tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider tests/test_putm_triton.py
 run_step "PUTM solver, --solver triton, 1-shot, T = 1000" text "${TRITON[@]}" --sizes 1000 "${REFERENCE_ARGS[@]}"
-run_step "PUTM solver, --solver triton, 1-shot, T = 10000" text "${TRITON[@]}" --sizes 10000 "${BIG[@]}"
-run_step "Triton vs fp32 engine, 1-shot" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000 \
-    --solver triton --shots 1
+sweep_row "$DEFAULT_VARIANT" " (default)"
 # 3: where an E-step's time goes (before the sweep, so that a short slot still gets it): the 6th launch of the
 #    E-step kernel, the 4th of the timed run (the warm-up's two and the first E-steps' passed)
 if command -v ncu >/dev/null; then
@@ -176,31 +223,32 @@ fi
 #    the wide kernel's most telling variants (approximate Adam; more warps per SM: registers capped at 128 for two
 #    8-warp programs per SM; the next pair tile's loads overlapping the current tile's products: 2 pipeline
 #    stages; 16-warp and 4-warp programs; fewest barriers: pair tiles of 128), those the sm_90 estimate rates
-#    worse last. Fields: kernel, BLOCK_P, BLOCK_K, warps, Adam, register cap (- for none), pipeline stages
-for VARIANT in "chunked 32 16 8 exact - 1" "wide 32 16 8 fast - 1" "wide 32 16 8 exact 128 1" \
-    "wide 32 16 8 exact - 2" "wide 32 16 16 exact - 1" "wide 32 16 4 exact - 1" "wide 128 16 8 exact - 1" \
-    "wide 16 16 8 exact - 1" "wide 32 16 8 exact 128 2" "wide 32 16 8 exact - 3" "wide 32 16 4 exact 128 1" \
-    "wide 64 16 8 exact - 1" "chunked 64 16 8 exact - 1" "chunked 32 16 4 exact - 1"; do
-    read -r KERNEL BLOCK_P BLOCK_K WARPS ADAM CAP STAGES <<<"$VARIANT"
-    CAP_ARGS=()
-    [[ $CAP != - ]] && CAP_ARGS=(--triton-max-registers "$CAP")
-    run_step "Triton sweep $KERNEL BLOCK_P=$BLOCK_P$([[ $KERNEL == chunked ]] && echo " BLOCK_K=$BLOCK_K") \
-warps=$WARPS Adam=$ADAM$([[ $CAP != - ]] && echo " registers<=$CAP")$([[ $STAGES != 1 ]] && echo " stages=$STAGES")" \
-        text "${TRITON[@]}" --sizes 1000 --triton-kernel "$KERNEL" --triton-block-p "$BLOCK_P" \
-        --triton-block-k "$BLOCK_K" --triton-warps "$WARPS" --triton-adam "$ADAM" --triton-stages "$STAGES" \
-        "${CAP_ARGS[@]}"
-    # the row's tasks/s (bench_putm.py's "ours cuda 1000 chunks seconds tasks/s …" line) for the sweep's table
-    RATE="—"
-    [[ $STEP_RESULT == passed ]] && RATE="$(awk '$1 == "ours" && $3 == 1000 {print $6; exit}' "$LOG")"
-    echo "| $KERNEL | $BLOCK_P | $([[ $KERNEL == chunked ]] && echo "$BLOCK_K" || echo —) | $WARPS | $ADAM \
-| ${CAP/-/—} | $STAGES | ${RATE:-—} | ${STEP_RESULT%% (*} |" >>"$SWEEP"
+#    worse last. Under a budget the sweep leaves GPU_CHECK_RESERVE seconds to step 5.
+[[ $BUDGET -gt 0 ]] && KEEP=$RESERVE
+for VARIANT in "chunked - 16 8 exact - 1" "wide - 16 8 fast - 1" "wide - 16 8 exact 128 1" \
+    "wide - 16 8 exact - 2" "wide - 16 16 exact - 1" "wide - 16 4 exact - 1" "wide 128 16 8 exact - 1" \
+    "wide 16 16 8 exact - 1" "wide - 16 8 exact 128 2" "wide - 16 8 exact - 3" "wide - 16 4 exact 128 1" \
+    "wide 64 16 8 exact - 1" "chunked 64 16 8 exact - 1" "chunked - 16 4 exact - 1"; do
+    variant_args "$VARIANT"
+    run_step "Triton sweep $VARIANT_NAME" text "${TRITON[@]}" --sizes 1000 "${VARIANT_ARGS[@]}"
+    sweep_row "$VARIANT" ""
 done
-run_step "Triton sweep, 132 persistent programs" text "${TRITON[@]}" --sizes 1000 --triton-programs 132
-# 5: 5 shots
-run_step "PUTM solver, --solver triton, 5-shot" text "${TRITON[@]}" --sizes 1000 10000 --shots 5 "${BIG[@]}" \
-    "${REFERENCE_ARGS[@]}"
-run_step "Triton vs fp32 engine, 5-shot" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000 \
-    --solver triton --shots 5
+KEEP=0
+# 5: the sweep's fastest configuration (the default if no row beat it) for the issue's numbers: T = 10,000 at 1 and
+#    5 shots (+ the reference at T = 1000, 5 shots), peak memory, and its cross-checks against the fp32 engine
+variant_args "$BEST_VARIANT"
+BEST=("${TRITON[@]}" "${VARIANT_ARGS[@]}")
+BEST_NAME="$VARIANT_NAME"
+run_step "PUTM solver, --solver triton (fastest: $BEST_NAME), 1-shot, T = 10000" text "${BEST[@]}" --sizes 10000 \
+    "${BIG[@]}"
+run_step "PUTM solver, --solver triton (fastest: $BEST_NAME), 5-shot" text "${BEST[@]}" --sizes 1000 10000 \
+    --shots 5 "${BIG[@]}" "${REFERENCE_ARGS[@]}"
+for SHOTS in 1 5; do  # each precision's own pair tile (CHECK_ARGS)
+    run_step "Triton (fastest: $BEST_NAME) vs fp32 engine, $SHOTS-shot" text "$PYTHON" benchmarks/crosscheck_putm.py \
+        --device cuda --tasks 1000 --solver triton --shots "$SHOTS" "${CHECK_ARGS[@]}"
+done
+run_step "Triton sweep, 132 persistent programs (fastest: $BEST_NAME)" text "${BEST[@]}" --sizes 1000 \
+    --triton-programs 132
 # 6: every CUDA test
 run_step "CUDA-marked tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider
 # 7: the default solver (compiled), for the ratio in the same session, and the reference at T = 10000
@@ -245,6 +293,12 @@ run_step "Triton kernel: sm_90 resources (ptxas)" text "$PYTHON" benchmarks/benc
     cat "$SUMMARY"
     echo
     echo "## Triton kernel sweep (1-shot, bf16, T = 1000, 50 EM steps, tasks/s; the fastest first)"
+    echo
+    if [[ $BEST_RATE == 0 ]]; then
+        echo "No configuration gave a rate; the steps titled \"fastest: …\" ran the default, $BEST_NAME."
+    else
+        echo "The steps titled \"fastest: …\" ran the fastest configuration, $BEST_NAME ($BEST_RATE tasks/s)."
+    fi
     echo
     echo "| kernel | BLOCK_P | BLOCK_K | warps | Adam | register cap | stages | tasks/s | result |"
     echo "|---|---|---|---|---|---|---|---|---|"

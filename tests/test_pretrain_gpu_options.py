@@ -253,11 +253,13 @@ case "$*" in
     -*importlib.util*|-\ *) cat >/dev/null; echo "" ;;
     *"-m pytest -m cuda"*) echo "4 passed" ;;
     *"--solver compiled"*) echo "compiled solver crashed"; exit 3 ;;
-    *"--triton-warps 8 --triton-adam fast"*) echo "ours           cuda     1000      1      1.23   812.500" ;;
+    *crosscheck_putm.py*) echo "agreement 99.9%" ;;
+    *"--triton-block-p 128"*) echo "ours           cuda     1000      1      1.23   812.500" ;;
+    *"--triton-warps 8 --triton-adam fast"*) echo "ours           cuda     1000      1      1.43   700.000" ;;
     *"--triton-warps 16"*) echo "Triton compile error"; exit 4 ;;
     *--triton-kernel*) echo "ours           cuda     1000      1      2.50   400.000" ;;
+    *"--solver triton --basis cholesky --sizes 1000") echo "ours           cuda     1000      1      1.67   600.000" ;;
     *bench_putm.py*) echo "PUTM table" ;;
-    *crosscheck_putm.py*) echo "agreement 99.9%" ;;
     *--header-only*) echo "| backbone | precision |"; echo "|---|---|" ;;
     *bench_pretrain.py*) a="$*"; p="${a##*--precision }"; echo "| wrn28_10 | ${p%% *} |" ;;
     *is_available*) exit 0 ;;
@@ -287,12 +289,26 @@ def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path: Path) -> None:
     assert "| PUTM solver, --solver compiled | FAILED (exit 3) |" in text and "compiled solver crashed" in text
     assert "| CUDA-marked tests | passed |" in text and "4 passed" in text
     # the kernel sweep's table: every row, the fastest first, a failed row without a rate
-    sweep = text.split("## Triton kernel sweep")[1].split("\n\n")[1].splitlines()[2:]
-    assert sweep[0] == "| wide | 32 | — | 8 | fast | — | 1 | 812.500 | passed |"
+    sweep = text.split("## Triton kernel sweep")[1].split("\n\n")[2].splitlines()[2:]
+    assert sweep[:2] == ["| wide | 128 | — | 8 | exact | — | 1 | 812.500 | passed |",
+                         "| wide | 32 | — | 8 | fast | — | 1 | 700.000 | passed |"]
+    assert "| wide (default) | 32 | — | 8 | exact | — | 1 | 600.000 | passed |" in sweep  # step 2's rate
     assert "| chunked | 32 | 16 | 8 | exact | — | 1 | 400.000 | passed |" in sweep
     assert "| wide | 32 | — | 8 | exact | 128 | 2 | 400.000 | passed |" in sweep
     assert sweep[-1] == "| wide | 32 | — | 16 | exact | — | 1 | — | FAILED |"
-    assert len(sweep) == len(re.findall(r"^\| Triton sweep (?!,)", text, re.M))
+    assert len(sweep) == 1 + len(re.findall(r"^\| Triton sweep (?!,)", text, re.M))
+    # step 5 runs the fastest row's configuration: T = 10,000 and 5 shots with its flags, the cross-checks with
+    # each precision's own pair tile (a bf16 tile of 128 would spill tens of KB per thread in fp32)
+    fastest = "wide BLOCK_P=128 warps=8 Adam=exact"
+    assert f'The steps titled "fastest: …" ran the fastest configuration, {fastest} (812.500 tasks/s).' in text
+    flags = "--triton-kernel wide --triton-block-k 16 --triton-warps 8 --triton-adam exact --triton-stages 1"
+    for title, command in [("PUTM solver, --solver triton (fastest: {}), 1-shot, T = 10000",
+                            f"{flags} --triton-block-p 128 --sizes 10000"),
+                           ("PUTM solver, --solver triton (fastest: {}), 5-shot",
+                            f"{flags} --triton-block-p 128 --sizes 1000 10000 --shots 5"),
+                           ("Triton (fastest: {}) vs fp32 engine, 5-shot", f"--shots 5 {flags}`")]:
+        assert f"| {title.format(fastest)} | passed |" in text
+        assert command in text.split(f"## {title.format(fastest)}\n")[1].split("\n")[1]
     # the throughput rows after the failure: one table with the three precisions
     assert "| backbone | precision |\n|---|---|\n| wrn28_10 | 32-true |\n| wrn28_10 | bf16-mixed |\n" \
            "| wrn28_10 | bf16-mixed |\n" in text
@@ -321,3 +337,42 @@ def test_gpu_check_budget_skips_the_steps_it_cannot_fit(tmp_path: Path) -> None:
     assert re.findall(r"^\| (.+?) \| passed \|", text, re.M) == []
     assert "| Triton kernel: sm_90 resources (ptxas) | SKIPPED (budget of 15 s spent) | 0 |" in text
     assert "| chunked | 32 | 16 | 8 | exact | — | 1 | — | SKIPPED |" in text  # no rate from an earlier step
+
+
+def test_gpu_check_budget_keeps_time_for_the_fastest_configuration(tmp_path: Path) -> None:
+    """Under a budget the kernel sweep stops GPU_CHECK_RESERVE seconds before its end, so that the fastest
+    configuration still gets its T = 10,000 and 5-shot runs and its cross-checks (the issue's numbers); without a
+    sweep that is the default configuration, timed by step 2. Kills: a reserve ignored by the sweep (its rows would
+    pass), a reserve kept after the sweep too (step 5 would be skipped)."""
+    stub = tmp_path / "python3"
+    stub.write_text(STUB_PYTHON)
+    stub.chmod(0o755)
+    out = tmp_path / "reports"
+    env = {**os.environ, "PYTHON": str(stub), "GPU_CHECK_ASSUME_GPU": "1", "GPU_CHECK_OUT": str(out),
+           "GPU_CHECK_WHEELS": str(tmp_path / "no-wheels"), "GPU_CHECK_BUDGET": "300", "GPU_CHECK_RESERVE": "290"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    text = next(out.iterdir()).read_text()
+    kept = "SKIPPED (the budget's last 290 s are kept for the fastest configuration's steps)"
+    assert f"| Triton sweep wide warps=8 Adam=fast | {kept} | 0 |" in text
+    assert len(re.findall(r"^\| Triton sweep (?!,).*SKIPPED", text, re.M)) == 14
+    default = "wide warps=8 Adam=exact"
+    assert f"The steps titled \"fastest: …\" ran the fastest configuration, {default} (600.000 tasks/s)." in text
+    for title in ["PUTM solver, --solver triton (fastest: {}), 1-shot, T = 10000",
+                  "PUTM solver, --solver triton (fastest: {}), 5-shot", "Triton (fastest: {}) vs fp32 engine, 1-shot",
+                  "Triton (fastest: {}) vs fp32 engine, 5-shot"]:
+        assert f"| {title.format(default)} | passed |" in text
+
+
+@pytest.mark.parametrize("setting", ["GPU_CHECK_BUDGET=9m", "GPU_CHECK_RESERVE=-5", "GPU_CHECK_STEP_TIMEOUT=1.5"])
+def test_gpu_check_refuses_a_setting_that_is_not_whole_seconds(tmp_path: Path, setting: str) -> None:
+    """A typo in a time setting stops the check with one line naming it, before any GPU work or report."""
+    name, value = setting.split("=")
+    env = {**os.environ, "PYTHON": str(tmp_path / "never-run"), "GPU_CHECK_OUT": str(tmp_path / "reports"), name: value}
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert f"gpu_check: {setting} is not a whole number of seconds" in done.stderr
+    assert not (tmp_path / "reports").exists()

@@ -766,10 +766,11 @@ def test_benchmark_flags_set_the_kernel_configuration(monkeypatch):
 
 
 def test_every_gpu_check_sweep_row_is_a_distinct_kernel_configuration(monkeypatch):
-    """Each row of gpu_check.sh's kernel sweep (step 4) parses with bench_putm.py's flags and gives the
-    :class:`KernelConfig` its fields name, and no two rows time the same configuration. Kills: a sweep field
-    passed to the wrong flag or not at all (the row would time another configuration under its name), a row whose
-    flag the benchmark does not know (the lent GPU's minutes lost to an argparse error), a duplicated row."""
+    """Each configuration gpu_check.sh times (step 2's default and the rows of its sweep, step 4) becomes, through
+    its ``variant_args`` and bench_putm.py's flags, the :class:`KernelConfig` its fields name; the default row is
+    ``KernelConfig()``, and no two rows time the same configuration. Kills: a field passed to the wrong flag or not
+    at all (a row would time another configuration under its name), a flag the benchmark does not know (the lent
+    GPU's minutes lost to an argparse error), a stale default row, a duplicated row."""
     import re
 
     from helpers.benchmarks import benchmark_module
@@ -777,27 +778,30 @@ def test_every_gpu_check_sweep_row_is_a_distinct_kernel_configuration(monkeypatc
 
     bench = benchmark_module("bench_putm")
     script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
-    loop = re.search(r"for VARIANT in (.*?); do(.*?)\ndone", script, re.S)
-    rows = re.findall(r'"([^"]+)"', loop.group(1))
-    assert len(rows) >= 10 and rows[0].startswith("chunked 32 16 8 exact - 1")
-    body = loop.group(2).replace("\\\n", " ")
-    flags = dict(re.findall(r'(--triton-[a-z-]+) "\$([A-Z_]+)"', body))
+    rows = re.findall(r'"([^"]+)"', re.search(r"for VARIANT in (.*?); do", script, re.S).group(1))
+    assert len(rows) >= 10 and rows[0].startswith("chunked - 16 8 exact - 1")
+    default = re.search(r'^DEFAULT_VARIANT="([^"]+)"$', script, re.M).group(1)
+    assert int(re.search(r"^BF16_TILE=(\d+)$", script, re.M).group(1)) == triton_engine.KernelConfig().pair_tile(2)
+    body = re.search(r"^variant_args\(\) \{\n(.*?)\n\}", script, re.S | re.M).group(1).replace("\\\n", " ")
+    names = re.search(r"read -r (.*?) <<<", body).group(1).split()
+    flags = dict(re.findall(r'(--triton-[a-z-]+) "\$([a-z_]+)"', body))
     assert set(flags) == set(benchmark_module("triton_flags").TRITON_FLAGS) - {"--triton-programs"}, flags
     configs = set()
-    for row in rows:
-        fields = dict(zip(["KERNEL", "BLOCK_P", "BLOCK_K", "WARPS", "ADAM", "CAP", "STAGES"], row.split(),
-                          strict=True))
+    for row in [default, *rows]:
+        fields = dict(zip(names, row.split(), strict=True))
         argv = ["--solver", "triton"] + [part for flag, name in flags.items() if fields[name] != "-"
-                                         for part in (flag, fields[name])]  # "-": no register cap, no flag
+                                         for part in (flag, fields[name])]  # "-": the default, no flag
         monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig())
         bench.use_triton_config(bench.parse_args(argv))
         config = triton_engine.DEFAULT_CONFIG
         assert (config.kernel, config.block_p, config.block_k, config.num_warps, config.exact_adam,
                 config.max_registers, config.num_stages) == (
-            fields["KERNEL"], int(fields["BLOCK_P"]), int(fields["BLOCK_K"]), int(fields["WARPS"]),
-            fields["ADAM"] == "exact", None if fields["CAP"] == "-" else int(fields["CAP"]), int(fields["STAGES"]))
+            fields["kernel"], None if fields["block_p"] == "-" else int(fields["block_p"]), int(fields["block_k"]),
+            int(fields["warps"]),
+            fields["adam"] == "exact", None if fields["cap"] == "-" else int(fields["cap"]), int(fields["stages"]))
+        assert (config == triton_engine.KernelConfig()) == (row is default)
         configs.add(config)
-    assert len(configs) == len(rows)
+    assert len(configs) == 1 + len(rows)
 
 
 #: What Nsight Compute counted on an H100 (2026-11-27, docs/gpu.md) for one launch of the chunked kernel at its
