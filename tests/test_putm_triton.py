@@ -262,6 +262,9 @@ def interpreted_cases() -> dict[str, object]:
         }
         for name, case in PUTM_CASES.items():
             results[f"{kernel}: putm {name}"] = putm_predictions(*case)
+        # 3 persistent programs for 4 tasks: program 0 solves tasks 0 and 3 in turn
+        triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig(kernel=kernel, programs=3)
+        results[f"{kernel}: putm persistent programs"] = putm_predictions(*PUTM_CASES["early stopping"])
     triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig()
     for update in ("forward", "backward", "mixed"):
         results[f"m-step {update}"] = m_step_on_device(update)
@@ -493,6 +496,35 @@ def test_triton_is_refused_with_one_line_without_cuda_or_interpreter(monkeypatch
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match="this run is on cpu"):
         resolve_solver("triton", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_persistent_programs_solve_each_task_as_its_own_program_would(interpreted, kernel):
+    """``KernelConfig(programs=3)`` for 4 tasks (``bench_putm.py --triton-programs``, gpu_check's persistent row):
+    program 0 solves task 0, then task 3 with the same scratch, under early stopping (tasks settle at different EM
+    steps, so programs meet inactive tasks in their loops). Each task's arithmetic is unchanged: the probabilities
+    are bit for bit those of one program per task. Kills: a task's inputs not rewritten into the program's scratch
+    (task 3 would be solved on task 0's), a program that stops at an inactive task instead of going on to its next,
+    a wrong stride over the tasks (a task solved twice or never)."""
+    persistent = interpreted[f"{kernel}: putm persistent programs"]
+    one_each = interpreted[f"{kernel}: putm early stopping"]
+    assert len(set(one_each["triton_em_steps"].tolist())) > 1  # tasks settled at different EM steps
+    assert torch.equal(persistent["triton"], one_each["triton"])
+    assert torch.equal(persistent["triton_em_steps"], one_each["triton_em_steps"])
+
+
+@pytest.mark.parametrize("programs,grid", [(None, 4), (3, 3), (1, 1), (10, 4)])
+def test_a_launch_has_the_configured_number_of_programs(monkeypatch, programs, grid):
+    """The launch grid is ``KernelConfig.programs`` (at most one program per task), one per task by default.
+    Kills: the setting ignored (then the persistent-programs test above would compare one program per task with
+    itself)."""
+    from lightning_putm.methods.putm import triton_engine
+    from lightning_putm.methods.putm.step import pair_inputs
+
+    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(programs=programs))
+    _, trainer = engines(4, 20, torch.float32, inner_steps=2)
+    query, prototypes = rows(4, 15, 20, 1), rows(4, 5, 20, 2)
+    assert trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])[3] == (grid,)
 
 
 def test_auto_stays_compiled_on_cuda():
