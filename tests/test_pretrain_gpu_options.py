@@ -258,7 +258,7 @@ case "$*" in
     *"--triton-warps 8 --triton-adam fast"*) echo "ours           cuda     1000      1      1.43   700.000" ;;
     *"--triton-warps 16"*) echo "Triton compile error"; exit 4 ;;
     *--triton-kernel*) echo "ours           cuda     1000      1      2.50   400.000" ;;
-    *"--solver triton --basis cholesky --sizes 1000") echo "ours           cuda     1000      1      1.67   600.000" ;;
+    *"--solver triton --basis cholesky --sizes 1000"|*"--solver triton --basis cholesky --sizes 1000 --reference "*) echo "ours           cuda     1000      1      1.67   600.000" ;;
     *bench_putm.py*) echo "PUTM table" ;;
     *--header-only*) echo "| backbone | precision |"; echo "|---|---|" ;;
     *bench_pretrain.py*) a="$*"; p="${a##*--precision }"; echo "| wrn28_10 | ${p%% *} |" ;;
@@ -351,7 +351,8 @@ def test_gpu_check_budget_keeps_time_for_the_fastest_configuration(tmp_path: Pat
     env = {**os.environ, "PYTHON": str(stub), "GPU_CHECK_ASSUME_GPU": "1", "GPU_CHECK_OUT": str(out),
            "GPU_CHECK_WHEELS": str(tmp_path / "no-wheels"), "GPU_CHECK_BUDGET": "300", "GPU_CHECK_RESERVE": "290"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], cwd=REPO, env=env,
+    reference = tmp_path / "PUTM"  # a checkout of the reference: step 5 also times it at T = 10,000
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), str(reference)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout + done.stderr
     text = next(out.iterdir()).read_text()
@@ -364,6 +365,10 @@ def test_gpu_check_budget_keeps_time_for_the_fastest_configuration(tmp_path: Pat
                   "PUTM solver, --solver triton (fastest: {}), 5-shot", "Triton (fastest: {}) vs fp32 engine, 1-shot",
                   "Triton (fastest: {}) vs fp32 engine, 5-shot"]:
         assert f"| {title.format(default)} | passed |" in text
+    title = f"PUTM reference and the fastest configuration ({default}), T = 10000"
+    assert f"| {title} | passed |" in text
+    assert (f"--triton-adam exact --triton-stages 1 --sizes 10000 --stream-tasks 10000 --memory-budget-mb 32768 "
+            f"--reference {reference} --reference-max-tasks 10000`") in text.split(f"## {title}\n")[1].split("\n")[1]
 
 
 @pytest.mark.parametrize("setting", ["GPU_CHECK_BUDGET=9m", "GPU_CHECK_RESERVE=-5", "GPU_CHECK_STEP_TIMEOUT=1.5"])
