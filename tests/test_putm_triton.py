@@ -813,6 +813,7 @@ def test_every_gpu_check_sweep_row_is_a_distinct_kernel_configuration(monkeypatc
     rows = re.findall(r'"([^"]+)"', re.search(r"for VARIANT in (.*?); do", script, re.S).group(1))
     assert len(rows) >= 10 and rows[0].startswith("chunked - 16 8 exact - 1")
     default = re.search(r'^DEFAULT_VARIANT="([^"]+)"$', script, re.M).group(1)
+    assert default.replace(" exact ", " fast ") in rows  # the approximate-Adam row the combined row is decided by
     assert int(re.search(r"^BF16_TILE=(\d+)$", script, re.M).group(1)) == triton_engine.KernelConfig().pair_tile(2)
     body = re.search(r"^variant_args\(\) \{\n(.*?)\n\}", script, re.S | re.M).group(1).replace("\\\n", " ")
     names = re.search(r"read -r (.*?) <<<", body).group(1).split()
