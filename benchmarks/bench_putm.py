@@ -156,6 +156,13 @@ def solver_options(args: argparse.Namespace) -> dict:
     return options
 
 
+def warm_up_options(args: argparse.Namespace) -> dict:
+    """The untimed one-task warm-up's options: the timed run's, so that it compiles every kernel the timed run
+    launches (triton specializes on early stopping, balance and precision), with one EM step (the M-step kernel
+    too) of two Adam steps."""
+    return {**solver_options(args), "em_steps": 1, "inner_steps": 2}
+
+
 def worker(args: argparse.Namespace) -> dict:
     """Solve ``args.size`` tasks with one implementation; report seconds, chunks, accuracy and peak memory."""
     from lightning_putm.data.episodes import sample_episode_bank
@@ -186,9 +193,8 @@ def worker(args: argparse.Namespace) -> dict:
         seconds, chunks, correct = time.perf_counter() - start, 1, float(accuracy.sum())
     else:
         solver = PUTM(shots=args.shots, balanced=args.balanced, **solver_options(args))
-        warm = bank_slice(bank, 0, 1).gather(features, device)  # compiles every kernel the timed run launches
-        PUTM(shots=args.shots, balanced=args.balanced, em_steps=1, inner_steps=2, precision=args.precision,
-             solver=args.solver, basis=args.basis).predict(warm.batch)  # (one EM step: triton's M-step kernel too)
+        warm = bank_slice(bank, 0, 1).gather(features, device)
+        PUTM(shots=args.shots, balanced=args.balanced, **warm_up_options(args)).predict(warm.batch)
         _reset_peak(device)
         start = time.perf_counter()
         for first in range(0, args.size, args.stream_tasks):

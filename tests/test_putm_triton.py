@@ -782,6 +782,22 @@ def test_pipeline_stages_reach_the_sm90_build():
             < 0.8 * sm90_instruction_estimate(kernel="wide", nvdisasm=nvdisasm)["global memory"])
 
 
+def test_benchmark_warm_up_compiles_what_the_timed_run_launches():
+    """bench_putm.py's untimed warm-up runs with the timed run's options (one EM step, two Adam steps): early
+    stopping, precision and basis are compile-time constants of the triton kernels. Kills: a warm-up without
+    ``--early-stop-tol`` (the M-step kernel with early stopping would compile inside the timing), without one EM
+    step (no M-step kernel compiled at all)."""
+    from helpers.benchmarks import benchmark_module
+
+    bench = benchmark_module("bench_putm")
+    args = bench.parse_args(["--solver", "triton", "--early-stop-tol", "0.01", "--precision", "bf16", "--basis",
+                             "cholesky", "--em-steps", "50"])
+    warm = bench.warm_up_options(args)
+    assert warm == {**bench.solver_options(args), "em_steps": 1, "inner_steps": 2}
+    assert (warm["early_stop_tol"], warm["precision"], warm["solver"], warm["basis"]) == (0.01, "bf16", "triton",
+                                                                                          "cholesky")
+
+
 def test_benchmark_flags_set_the_kernel_configuration(monkeypatch):
     """``bench_putm.py --triton-*`` flags become the engine's :class:`KernelConfig` (how gpu_check.sh's sweep picks
     each row), unset ones keep the default. Kills: a flag parsed but never applied (the sweep would time the
