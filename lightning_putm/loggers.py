@@ -22,6 +22,7 @@ from pytorch_lightning.loggers.logger import rank_zero_experiment
 from lightning_putm.errors import ConfigError
 
 LOGGERS = ("auto", "wandb", "csv", "none")
+WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run")
 
 
 def wandb_available() -> bool:
@@ -42,11 +43,27 @@ def wandb_credentials_configured() -> bool:
         return False
 
 
-def resolve_wandb_mode(configured: str | None, log: Callable[[str], None] = print) -> str:
+def configured_wandb_mode(configured: Any) -> str | None:
+    """``wandb.mode``, else ``$WANDB_MODE``; a value W&B does not know is a :class:`ConfigError`.
+
+    The jobs call it while they validate their settings (through :func:`check_wandb_mode`), so a typo stops the
+    run before its folder or W&B run exists."""
     mode = configured or os.environ.get("WANDB_MODE")
+    if mode and mode not in WANDB_MODES:
+        where = "wandb.mode" if configured else "$WANDB_MODE"
+        raise ConfigError(f"{where} must be online, offline or disabled, got {mode!r}")
+    return str(mode) if mode else None
+
+
+def check_wandb_mode(configured: Any, kind: str) -> None:
+    """Settings-time check of the W&B mode for ``logger=kind``: only a logger that may use W&B reads it."""
+    if kind in ("auto", "wandb"):
+        configured_wandb_mode(configured)
+
+
+def resolve_wandb_mode(configured: str | None, log: Callable[[str], None] = print) -> str:
+    mode = configured_wandb_mode(configured)
     if mode:
-        if mode not in ("online", "offline", "disabled", "dryrun", "run"):
-            raise ConfigError(f"wandb.mode must be online, offline or disabled, got {mode!r}")
         return mode
     if wandb_credentials_configured():
         return "online"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
@@ -144,3 +144,17 @@ def parse_alpha(value: Any, key: str = "alphas") -> float | None:
 def alpha_label(alpha: float | None) -> str:
     """How an α is written in tables and files: ``balanced`` or ``%g``."""
     return BALANCED if alpha is None else f"{alpha:g}"
+
+
+def distinct(values: list[Any], key: str, label: Callable[[Any], str] = str) -> None:
+    """Each item of the list ``key`` once, as results are filed by ``label(item)``: a repeat, or two values with one
+    label (α 2 and 2.0000001 are both ``2``), would file two settings under one name."""
+    seen: dict[str, Any] = {}
+    for value in values:
+        name = label(value)
+        if name in seen:
+            if seen[name] == value:
+                raise ConfigError(f"`{key}` lists {name} twice; give each value once")
+            raise ConfigError(f"`{key}`: {seen[name]!r} and {value!r} are both written {name} in tables and result "
+                              "files; give values that differ in the first 6 significant digits")
+        seen[name] = value

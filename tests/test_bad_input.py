@@ -72,16 +72,32 @@ def expect_error(script: str, argv: list[str], pattern: str, label: str | None =
     assert problem is None, f"{item}: {problem}\nstderr: {outcome.stderr[-2000:]}"
 
 
+def written_under(folder: Path) -> set[Path]:
+    return set(folder.rglob("*"))
+
+
 def evaluate_error(tmp_path: Path, overrides: list[str], pattern: str, label: str | None = None) -> None:
+    """The error comes before any side effect: no output folder, W&B run or feature cache (the working directory
+    is ``tmp_path``, so ``./wandb`` and the default cache land there too)."""
+    before = written_under(tmp_path)
     expect_error("evaluate", [*FAST_EVAL, f"output_dir={tmp_path / 'out'}", *overrides], pattern,
                  label or " ".join(overrides))
+    new = sorted(written_under(tmp_path) - before)
+    assert not new, f"written before the error: {new}"
 
 
-def train_error(tmp_path: Path, overrides: list[str], pattern: str, label: str | None = None) -> None:
+def train_error(tmp_path: Path, overrides: list[str], pattern: str, label: str | None = None,
+                during_training: bool = False) -> None:
+    """As :func:`evaluate_error`: no run folder, ``latest`` link, log or W&B run; unless the error can only come
+    ``during_training`` (an image that cannot be decoded is found when it is first loaded)."""
     other_backbone = any(o.startswith("backbone=") for o in overrides)  # then conv4's backbone.width=8 does not apply
     base = [a for a in FAST_TRAIN if not (other_backbone and a == "backbone.width=8")]
+    before = written_under(tmp_path)
     expect_error("train_backbone", [*base, f"checkpoint_dir={tmp_path / 'ck'}", f"log_dir={tmp_path / 'logs'}",
                                     *overrides], pattern, label or " ".join(overrides))
+    if not during_training:
+        new = sorted(written_under(tmp_path) - before)
+        assert not new, f"written before the error: {new}"
 
 
 # ------------------------------------------------------------------------------------------- config values
@@ -174,6 +190,14 @@ EVALUATE_CONFIG_CASES = [
     ("queries=1000 alphas=[balanced]", r"has \d+ images but balanced tasks need shots \+ queries/ways.*lower"),
     ("queries=1000 alphas=[2]", r"Dirichlet redraws.*Lower `queries`"),
     ("shots=[400]", r"has \d+ images but the task asks for shots \+ queries = 400 \+ \d+.*or `shots`"),
+    ("shots=[1,400]", r"has \d+ images but the task asks for shots \+ queries = 400 \+ \d+.*or `shots`"),
+    ("ways=20 logger=wandb", r"ways=20 but the split has only 10 classes"),  # before the W&B run, too
+    ("logger=wandb wandb.mode=bogus", r"wandb.mode must be online, offline or disabled, got 'bogus'"),
+    # one result per (method, shots, α): a repeat would file two settings under one name
+    ("methods=[simpleshot,simpleshot]", r"`methods` lists simpleshot twice; give each value once"),
+    ("shots=[1,1]", r"`shots` lists 1 twice"),
+    ("alphas=[balanced,2,balanced]", r"`alphas` lists balanced twice"),
+    ("alphas=[2,2.0000001]", r"`alphas`: 2.0 and 2.0000001 are both written 2 in tables and result files"),
     ("queries=10 ways=3 alphas=[balanced]", r"balanced tasks need queries divisible by ways.*use queries=9"),
     ("queries=1000000000000", r"after 1000 Dirichlet redraws, .* has \d+ images but the task asks for .*Lower `queries`"),
     ("shots=[1000000000000]", r"after 1000 Dirichlet redraws, .*Lower `queries` \(now 75\) or `shots`"),
@@ -260,6 +284,10 @@ TRAIN_CONFIG_CASES = [
     ("val_episodes.queries=1000000000000", r"balanced tasks need shots \+ queries/ways.*lower `shots` or `queries`"),
     ("val_episodes.ways=2 val_episodes.queries=400", r"has \d+ images but balanced tasks need shots \+ queries/ways.*lower `shots`"),
     ("wandb=5", r"wandb is a group of settings"),
+    ("logger=wandb wandb.mode=bogus", r"wandb.mode must be online, offline or disabled, got 'bogus'"),
+    ("run_test=true test_episodes.shots=400", r"test_episodes \(test split\): .* has \d+ images but balanced tasks"),
+    ("fewshot_eval.every_n_epochs=1 fewshot_eval.shots=[300]",
+     r"fewshot_eval \(val split\): after 1000 Dirichlet redraws, .*Lower `queries`"),
     ("backbone.width=abc", r"`backbone.width` must be a positive integer"),
     ("backbone.width=-3", r"`backbone.width` must be a positive integer"),
     ("backbone.width=${seed}", r"`backbone.width` must be a positive integer, got 0"),
@@ -432,7 +460,7 @@ def test_a_corrupt_image_stops_training_with_its_name(tmp_path: Path, workers: i
     assert find_unreadable_images(read_split("cub", root, "train")) == [bad]
     train_error(tmp_path, [*CUB_TRAIN, f"data.root={root}", f"data.num_workers={workers}"],
                 rf"cannot read image {bad}:.*replace it with a good copy or remove it",
-                f"data=cub with a truncated JPEG, num_workers={workers}")
+                f"data=cub with a truncated JPEG, num_workers={workers}", during_training=True)
 
 
 # ------------------------------------------------------------------------------------------- feature files

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -156,15 +157,7 @@ def sample_episode_bank(
                      max_redraws, name)  # raises the usual error naming a class
         raise DataError(f"a task needs ways*shots + queries = {ways * shots + queries} distinct images but the split "
                         f"has only {available}; lower `shots` or `queries`")
-    try:
-        class_ids = np.empty((tasks, ways), dtype=np.int64)
-        support = np.empty((tasks, ways * shots), dtype=np.int64)
-        query = np.empty((tasks, queries), dtype=np.int64)
-        query_labels = np.empty((tasks, queries), dtype=np.int64)
-        counts_all = np.empty((tasks, ways), dtype=np.int64)
-    except (MemoryError, ValueError) as exc:  # e.g. tasks=10**15: no array that large
-        raise ConfigError(f"tasks={tasks} of {ways * shots} support + {queries} query images do not fit in memory "
-                          f"({exc}); lower `tasks`") from exc
+    class_ids, support, query, query_labels, counts_all = _bank_arrays(tasks, ways, shots, queries)
     for t in range(tasks):
         chosen = rng.choice(present, size=ways, replace=False)
         counts = _draw_counts(rng, chosen, sizes, ways, shots, queries, alpha, max_redraws, name)
@@ -195,6 +188,30 @@ def sample_episode_bank(
         query_counts=torch.from_numpy(counts_all),
         task_seeds=torch.from_numpy(task_seeds),
     )
+
+
+def check_episodes_possible(labels: torch.Tensor, ways: int, shots: Iterable[int], queries: int,
+                            alphas: Iterable[float | None], tasks: int, seed: int,
+                            class_names: list[str] | None = None) -> None:
+    """Raise the :class:`DataError` (or :class:`ConfigError`) that :func:`sample_episode_bank` would raise for any
+    (shots, α) pair, before a job creates its run folder: a split with too few classes or images, or more tasks
+    than memory holds, is a user's mistake, found at once instead of after the first settings ran. One task per
+    pair is drawn (a later task can still need more redraws than allowed, as rarely as that happens at all)."""
+    for shot in shots:
+        for alpha in alphas:
+            sample_episode_bank(labels, ways, shot, queries, alpha, 1, seed, class_names=class_names)
+        _bank_arrays(tasks, ways, shot, queries)
+
+
+def _bank_arrays(tasks: int, ways: int, shots: int, queries: int) -> tuple[np.ndarray, ...]:
+    """The bank's empty index arrays: class ids, support, query, query labels, query counts."""
+    try:
+        return (np.empty((tasks, ways), dtype=np.int64), np.empty((tasks, ways * shots), dtype=np.int64),
+                np.empty((tasks, queries), dtype=np.int64), np.empty((tasks, queries), dtype=np.int64),
+                np.empty((tasks, ways), dtype=np.int64))
+    except (MemoryError, ValueError) as exc:  # e.g. tasks=10**15: no array that large
+        raise ConfigError(f"tasks={tasks} of {ways * shots} support + {queries} query images do not fit in memory "
+                          f"({exc}); lower `tasks`") from exc
 
 
 def _draw_counts(rng, chosen, sizes, ways, shots, queries, alpha, max_redraws, name) -> np.ndarray:

@@ -11,7 +11,7 @@ import copy
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -20,13 +20,14 @@ from lightning_putm.config import (Override, Overrides, apply_overrides, apply_t
                                    group_options, is_trainer_override, load_group, load_saved_config, load_yaml,
                                    resolve_override_value, to_container)
 from lightning_putm.errors import ConfigError, DataError
-from lightning_putm.loggers import LOGGERS
+from lightning_putm.loggers import LOGGERS, check_wandb_mode
 from lightning_putm.methods import available_methods, build_method, method_uses_base_mean
+from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.models.timm_pretrained import check_model_name, timm_model_name
 from lightning_putm.pretraining.checkpoints import read_checkpoint
 from lightning_putm.runs import run_name
-from lightning_putm.validators import (as_list, choice, did_you_mean, flag, integer, is_number, memory_budget,
-                                       parse_alpha)
+from lightning_putm.validators import (alpha_label, as_list, choice, did_you_mean, distinct, flag, integer, is_number,
+                                       memory_budget, parse_alpha)
 
 DEMO_TASKS = 100
 DEFAULT_TASKS = 1000
@@ -297,6 +298,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         if name not in available_methods():
             raise ConfigError(f"unknown method {name!r}; {did_you_mean(name, available_methods())}available methods: "
                               f"{', '.join(available_methods())}")
+    distinct(methods, "methods")
     ways = integer(cfg.ways, "ways", 2)
     shots = as_list(cfg.shots)
     if not shots or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shots):
@@ -305,6 +307,8 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     alphas = [parse_alpha(a) for a in as_list(cfg.alphas)]
     if not alphas:
         raise ConfigError("`alphas` is empty; give Dirichlet alphas and/or `balanced`, e.g. alphas=[2,balanced]")
+    distinct([int(s) for s in shots], "shots")
+    distinct(alphas, "alphas", alpha_label)
     features = str(cfg.features)
     from_checkpoint = cfg.checkpoint not in (None, "")
     demo = str(cfg.data.name) == "digits" if from_checkpoint else features in ("demo", "auto")
@@ -360,6 +364,8 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     for key in ("refresh_features", "plots", "progress", "allow_pickle"):
         flag(cfg[key], key)
     choice(cfg.logger, "logger", LOGGERS)
+    wandb = to_container(cfg.wandb)
+    check_wandb_mode(wandb.get("mode"), str(cfg.logger))
     return EvaluationSettings(
         features=features,
         methods=methods,
@@ -382,7 +388,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         feature_cache_dir=Path(str(cfg.feature_cache_dir)),
         refresh_features=cfg.refresh_features,
         logger=str(cfg.logger),
-        wandb=to_container(cfg.wandb),
+        wandb=wandb,
         plots=cfg.plots,
         plot_task=integer(cfg.plot_task, "plot_task", 0),
         trainer=to_container(cfg.trainer),
@@ -415,11 +421,25 @@ def timm_settings(cfg: DictConfig) -> tuple[str | None, Path | None]:
     return name, path
 
 
+def built_methods(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],
+                  alphas: list[float | None]) -> Iterator[FewShotMethod]:
+    """Every method as each setting builds it (its options resolve per shot count and protocol)."""
+    for name in methods:
+        for shot in shots:
+            for balanced in sorted({alpha is None for alpha in alphas}):
+                yield build_method(name, params.get(name, {}), shots=shot, balanced=balanced)
+
+
 def check_methods_build(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],
                         alphas: list[float | None]) -> None:
     """Build every method once per setting with its parameters, so a bad value (``method.putm.rho=high``) is
     an error naming the key now, not after features were loaded and a W&B run was started."""
-    for name in methods:
-        for shot in shots:
-            for balanced in sorted({alpha is None for alpha in alphas}):
-                build_method(name, params.get(name, {}), shots=shot, balanced=balanced)
+    for _ in built_methods(methods, params, shots, alphas):
+        pass
+
+
+def check_methods_accept(features: torch.Tensor, settings: EvaluationSettings) -> None:
+    """Every method of every setting accepts the feature set (e.g. PUTM's power transform needs non-negative
+    features): a :class:`~lightning_putm.errors.FeatureError` before the run folder exists, not at the setting."""
+    for method in built_methods(settings.methods, settings.method_params, settings.shots, settings.alphas):
+        method.check_features(features)

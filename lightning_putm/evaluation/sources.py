@@ -95,6 +95,13 @@ def load_base_statistics(settings: EvaluationSettings, dim: int, log: Callable[[
     return statistics
 
 
+def check_base_features(settings: EvaluationSettings, dim: int) -> None:
+    """The errors of :func:`read_base_statistics` (an unreadable file, another dimension, NaN, no rows) before the
+    run folder exists; the methods' statistics are computed when they run."""
+    if settings.base_features is not None:
+        read_base_statistics(settings.base_features, dim, covariance=False, allow_pickle=settings.allow_pickle)
+
+
 def read_base_statistics(path: str | Path, dim: int, covariance: bool,
                          allow_pickle: bool = False) -> tuple[BaseStatistics, int]:
     """The base-class mean of the feature file ``path`` (and, with ``covariance``, BAVARDAGE's within-class
@@ -133,8 +140,22 @@ def missing_base_notice(settings: EvaluationSettings) -> str:
             "of the base classes from the same backbone (with checkpoint=: base_features=split:train)")
 
 
-def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Callable[[str], None] = print) -> tuple[Any, Any, FeatureCache | None]:
-    """The test loop's module and datamodule, and the feature cache to fill (``None`` when nothing to extract).
+@dataclass
+class FeatureSource:
+    """The test loop's module and datamodule, the feature cache to fill (``None`` when nothing is extracted), and
+    the split's labels and class names, so that its episodes can be checked before any output exists."""
+
+    module: Any
+    datamodule: Any
+    cache: FeatureCache | None
+    labels: torch.Tensor
+    class_names: list[str]
+    features: torch.Tensor | None = None  # None: extracted by the test loop
+
+
+def build_feature_source(cfg: DictConfig, settings: EvaluationSettings,
+                         log: Callable[[str], None] = print) -> FeatureSource:
+    """Where the evaluated features come from (:class:`FeatureSource`).
 
     * ``checkpoint=``: a cache hit replays the cached features; otherwise the backbone extracts them from the
       images of ``data``'s ``split`` and the callback stores them in the cache.
@@ -142,7 +163,8 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
     """
     if settings.checkpoint is None:
         feature_set = load_feature_source(settings)
-        return FeatureRows(), FeatureRowsDataModule(feature_set), None
+        return FeatureSource(FeatureRows(), FeatureRowsDataModule(feature_set), None, feature_set.labels,
+                             list(feature_set.class_names), feature_set.features)
 
     checkpoint = settings.checkpoint
     weights = None
@@ -167,17 +189,18 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings, log: Cal
     cached = None if settings.refresh_features else cache.load()
     if cached is not None:
         log(f"features: reusing the cache {cache.path} (refresh_features=true rebuilds it)")
-        return FeatureRows(), FeatureRowsDataModule(cached), None
+        return FeatureSource(FeatureRows(), FeatureRowsDataModule(cached), None, cached.labels,
+                             list(cached.class_names), cached.features)
     if weights is not None:
         backbone = load_timm_backbone(weights)
         log(f"features: extracting the {split} split of {data.name} ({len(images)} images) with timm:{weights.model} "
             f"(its own preprocessing: {datamodule.eval_transform_override!r})")
-        return BackboneFeatures(backbone), datamodule, cache
+        return FeatureSource(BackboneFeatures(backbone), datamodule, cache, images.labels, list(images.class_names))
     backbone, hparams = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
                                                  expected_backbone=settings.backbone)
     log(f"features: extracting the {split} split of {data.name} ({len(images)} images) with the "
         f"{hparams.get('backbone')} backbone of {checkpoint}")
-    return BackboneFeatures(backbone), datamodule, cache
+    return FeatureSource(BackboneFeatures(backbone), datamodule, cache, images.labels, list(images.class_names))
 
 
 def checkpoint_split(data: DictConfig, checkpoint_sha256: str, split: str, weights: TimmWeights | None = None,

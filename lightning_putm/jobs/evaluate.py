@@ -21,11 +21,13 @@ from pytorch_lightning.utilities import rank_zero_only
 
 from lightning_putm.config import (Override, Overrides, build_trainer, changed_keys, command_line_value,
                                    to_container, to_yaml)
+from lightning_putm.data.episodes import check_episodes_possible
 from lightning_putm.evaluation.callback import FewShotEvaluationCallback
 from lightning_putm.evaluation.progress import extraction_bar
 from lightning_putm.evaluation.runner import SettingResult
-from lightning_putm.evaluation.settings import EvaluationSettings, RUN_ROOT, load_evaluate_config, settings_from_config
-from lightning_putm.evaluation.sources import build_feature_source
+from lightning_putm.evaluation.settings import (EvaluationSettings, RUN_ROOT, check_methods_accept,
+                                                load_evaluate_config, settings_from_config)
+from lightning_putm.evaluation.sources import build_feature_source, check_base_features
 from lightning_putm.loggers import build_logger, console, finish_logger
 from lightning_putm.runs import run_dir
 
@@ -93,13 +95,19 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)  # Lightning internals
     callback = FewShotEvaluationCallback(settings, plots=settings.plots, plot_task=settings.plot_task, log=say)
     trainer = build_evaluation_trainer(settings, callback)  # bad trainer.* options fail here, before any output
-    module, datamodule, cache = build_feature_source(cfg, settings, say)  # checks files and the checkpoint
+    source = build_feature_source(cfg, settings, say)  # checks files and the checkpoint
+    # a split with too few classes or images, or features a method refuses: errors before any output
+    check_episodes_possible(source.labels, settings.ways, settings.shots, settings.queries, settings.alphas,
+                            settings.tasks, settings.seed, source.class_names)
+    if source.features is not None:
+        check_methods_accept(source.features, settings)  # e.g. negative features for PUTM's power transform
+        check_base_features(settings, source.features.shape[1])
     say(summary)
     auto_folder = settings.output_dir is None
     with output_folder(settings) as folder:
         settings.output_dir = folder
         cfg.output_dir = str(folder)
-        callback.feature_cache, callback.config_yaml = cache, to_yaml(cfg)
+        callback.feature_cache, callback.config_yaml = source.cache, to_yaml(cfg)
         # unique and readable: the run folder's date and name, or the name and the time for a named folder
         wandb_name = f"{folder.parent.name}_{folder.name}" if auto_folder else \
             f"{settings.name}-{datetime.now():%Y-%m-%d_%H-%M-%S}"
@@ -108,7 +116,7 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
         try:
             if logger:
                 trainer.logger = logger
-            run_test_loop(trainer, module, datamodule, folder)
+            run_test_loop(trainer, source.module, source.datamodule, folder)
         finally:  # also after an error: a W&B run left open would swallow the next run's logs in this process
             finish_logger(logger, rank_zero)
     return callback.results

@@ -18,11 +18,14 @@ from pytorch_lightning.utilities import rank_zero_only
 
 from lightning_putm.atomic import atomic_write_text
 from lightning_putm.config import build_trainer, command_line_value, to_container, to_yaml
+from lightning_putm.data.datamodule import FewShotDataModule
+from lightning_putm.data.episodes import check_episodes_possible
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.loggers import console, finish_logger
-from lightning_putm.pretraining.checkpoints import check_resume_checkpoint, init_from_checkpoint
+from lightning_putm.pretraining.checkpoints import check_init_from, check_resume_checkpoint, init_from_checkpoint
 from lightning_putm.pretraining.module import S2M2Module
-from lightning_putm.pretraining.settings import load_train_config, recorded_data_config, settings_from_config
+from lightning_putm.pretraining.settings import (TrainSettings, load_train_config, recorded_data_config,
+                                                 settings_from_config)
 from lightning_putm.pretraining.stages import (StageResult, build_datamodule, build_module, build_stage_logger,
                                                build_stage_trainer, interruption_message, precision_hint,
                                                resolve_run_folder, stopped_by)
@@ -41,6 +44,31 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
     """
     with sigterm_as_interrupt():
         return _train_stages(overrides, log)
+
+
+def check_episode_settings(datamodule: FewShotDataModule, settings: TrainSettings, has_val: bool) -> None:
+    """The episodes of validation, of the final test and of ``fewshot_eval`` against the splits they are drawn
+    from (enough classes and images), before the run folder exists; the error names the settings' key."""
+    checks = []
+    if has_val:
+        checks.append(("val_episodes", "val", datamodule.episode_settings["val"]))
+    if settings.run_test and datamodule.has_split("test"):
+        checks.append(("test_episodes", "test", datamodule.episode_settings["test"]))
+    for key, split, episodes in checks:
+        data = datamodule.split(split)
+        try:
+            check_episodes_possible(data.labels, episodes.ways, [episodes.shots], episodes.queries, [episodes.alpha],
+                                    episodes.tasks, episodes.seed, data.class_names)
+        except (ConfigError, DataError) as exc:
+            raise type(exc)(f"{key} ({split} split): {exc}") from exc
+    fewshot = settings.fewshot_eval
+    if fewshot is not None and has_val:
+        data = datamodule.split("val")
+        try:
+            check_episodes_possible(data.labels, fewshot.ways, fewshot.shots, fewshot.queries, fewshot.alphas,
+                                    fewshot.tasks, fewshot.seed, data.class_names)
+        except (ConfigError, DataError) as exc:
+            raise type(exc)(f"fewshot_eval (val split): {exc}") from exc
 
 
 def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[StageResult]:
@@ -74,6 +102,9 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
     hint = precision_hint(probe.strategy.root_device.type, str(probe.precision))
     if hint:
         say(hint)
+    if previous is not None:
+        check_init_from(first_module, previous)  # another model's weights: refused before the run folder exists
+    check_episode_settings(datamodule, settings, has_val)
     results: list[StageResult] = []
     module: S2M2Module | None = None
     trainer: pl.Trainer | None = None

@@ -137,6 +137,10 @@ class FewShotMethod(ABC):
         fit = budget / max(1, self.bytes_per_task(tasks))  # may be inf for an absurd budget: then all tasks fit
         return max(1, tasks.num_tasks if fit >= tasks.num_tasks else int(fit))
 
+    def check_features(self, features: torch.Tensor) -> None:
+        """Refuse (:class:`FeatureError`) a feature set ``[n, d]`` the method cannot use whatever the tasks, e.g.
+        negative features for a power transform; the evaluation asks once, before its run folder exists."""
+
     @torch.no_grad()
     def check_input(self, tasks: TaskBatch) -> None:
         if not torch.isfinite(tasks.support).all() or not torch.isfinite(tasks.query).all():

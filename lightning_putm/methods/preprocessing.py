@@ -26,11 +26,10 @@ from lightning_putm.errors import FeatureError
 POWER_EPS = 1e-6
 
 
-def power_transform(x: torch.Tensor, beta: float, method: str = "method") -> torch.Tensor:
-    """``(x + 1e-6)^β`` for non-negative ``x``; raises :class:`FeatureError` on negative input. ``β = 1`` is no
-    transform: features of any sign pass unchanged (signed backbones, e.g. ViT pre-logits, need it)."""
+def check_power_transform_input(x: torch.Tensor, beta: float, method: str = "method") -> None:
+    """The :class:`FeatureError` :func:`power_transform` raises for ``x``: negative features with ``β ≠ 1``."""
     if beta == 1.0:
-        return x
+        return
     minimum = float(x.min()) if x.numel() else 0.0
     if minimum < 0:
         raise FeatureError(
@@ -38,6 +37,14 @@ def power_transform(x: torch.Tensor, beta: float, method: str = "method") -> tor
             f"outputs), but the smallest value is {minimum:.4g}. Pass un-centred features, or disable the "
             "transform for this method (beta=1 keeps features as they are)"
         )
+
+
+def power_transform(x: torch.Tensor, beta: float, method: str = "method") -> torch.Tensor:
+    """``(x + 1e-6)^β`` for non-negative ``x``; raises :class:`FeatureError` on negative input. ``β = 1`` is no
+    transform: features of any sign pass unchanged (signed backbones, e.g. ViT pre-logits, need it)."""
+    check_power_transform_input(x, beta, method)
+    if beta == 1.0:
+        return x
     return (x + POWER_EPS).pow(beta)
 
 

@@ -28,7 +28,7 @@ import torch
 
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.options import MethodOptions, option
-from lightning_putm.methods.preprocessing import l2_normalise, power_transform, qr_reduce
+from lightning_putm.methods.preprocessing import check_power_transform_input, l2_normalise, power_transform, qr_reduce
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
 
@@ -94,6 +94,9 @@ class PTMAP(FewShotMethod):
         n = tasks.num_support + tasks.num_queries
         m = min(tasks.dim, n)
         return 4 * (3 * n * tasks.dim + n * m * (tasks.ways + 4) + 8 * n * tasks.ways)
+
+    def check_features(self, features: torch.Tensor) -> None:
+        check_power_transform_input(features, self.beta, self.name)
 
     def preprocess(self, tasks: TaskBatch) -> torch.Tensor:
         """Rows ``[T, S+Q, m]``: power β → QR → L2 → centre support and query separately → L2."""

@@ -143,6 +143,12 @@ def init_from_checkpoint(module: S2M2Module, path: str | Path) -> None:
     module.load_state_dict(_matching_state(module, read_checkpoint(path), path, "start from"))
 
 
+def check_init_from(module: S2M2Module, path: str | Path) -> None:
+    """What :func:`init_from_checkpoint` would refuse (unreadable, unsafe, another model's weights), refused before
+    the run folder exists; nothing is loaded into ``module``."""
+    _matching_state(module, read_checkpoint(path), path, "start from")
+
+
 RESUME_KEYS = ("epoch", "global_step", "state_dict", "optimizer_states", "loops")
 
 

@@ -21,6 +21,7 @@ from lightning_putm.data.datamodule import EpisodeSettings, LoaderSettings
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.settings import (EvaluationSettings, load_evaluate_config,
                                                 settings_from_config as evaluation_settings)
+from lightning_putm.loggers import check_wandb_mode
 from lightning_putm.pretraining.module import STAGES, check_channels_last, check_compile
 from lightning_putm.runs import LATEST, slug
 from lightning_putm.validators import choice, did_you_mean, flag, integer, mapping, number, parse_alpha, path, positive
@@ -159,6 +160,8 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
     scale = cfg.head.scale
     head_scale = None if scale in (None, "auto") else float(positive(scale, "head.scale"))
     choice(cfg.logger, "logger", ("csv", "wandb", "none"))
+    wandb = mapping(cfg.wandb, "wandb")
+    check_wandb_mode(wandb.get("mode"), str(cfg.logger))
     seed = integer(cfg.seed, "seed", 0)
     mix_layers = cfg.mix_layers if not isinstance(cfg.mix_layers, int) else [cfg.mix_layers]
     if (not isinstance(mix_layers, (list, ListConfig)) or not mix_layers
@@ -199,7 +202,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         run_test=flag(cfg.run_test, "run_test"),
         logger=str(cfg.logger),
         log_dir=path(cfg.log_dir, "log_dir"),
-        wandb=mapping(cfg.wandb, "wandb"),
+        wandb=wandb,
         trainer=trainer,
         loader=_loader_settings(cfg),
         fewshot_every=_fewshot_every(cfg),

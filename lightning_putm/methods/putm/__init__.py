@@ -28,7 +28,8 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from lightning_putm.methods.preprocessing import l2_normalise, power_transform, reduce_basis
+from lightning_putm.methods.preprocessing import (check_power_transform_input, l2_normalise, power_transform,
+                                                  reduce_basis)
 from lightning_putm.methods.putm.em import EMStep, em_loop
 from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.methods.putm.plumbing import ChunkedSolver
@@ -55,6 +56,9 @@ class PUTM(ChunkedSolver):
         self.last_precision: str | None = None
         #: Called with an :class:`EMStep` after every E-step (inspection and tests); ``None``: off.
         self.em_step_hook: Callable[[EMStep], None] | None = None
+
+    def check_features(self, features: torch.Tensor) -> None:
+        check_power_transform_input(features, self.settings.beta, self.name)
 
     def preprocess(self, tasks: TaskBatch) -> torch.Tensor:
         """Rows ``[T, S+Q, m]`` (§3.1): power transform, per-task basis (``basis``: QR, or the sign-equivalent
