@@ -169,3 +169,56 @@ def test_study_option_and_sweep_method_typos_suggest_the_fix(tmp_path):
                      "parameters: {tasks: {values: [1, 2]}}\n")
     with pytest.raises(ConfigError, match=r"method must be one of grid, random, bayes, got 'gird'; did you mean grid\?$"):
         read_sweep(sweep)
+
+
+SMALL = {
+    "program": "evaluate.py", "name": "small", "method": "grid",
+    "metric": {"name": "fewshot/simpleshot/acc", "goal": "maximize"},
+    "parameters": {
+        "seed": {"values": [0]}, "alphas": {"values": [2]},
+        "methods": {"value": "[simpleshot]"}, "shots": {"value": 1}, "tasks": {"value": 2},
+        "logger": {"value": "none"}, "plots": {"value": False}, "progress": {"value": False},
+    },
+}
+
+
+def test_a_study_refuses_other_fixed_settings_instead_of_reusing_its_runs(tmp_path, single_thread):
+    """Kills: finished points found by their swept values alone, so that a re-run with tasks=3 (or a sweep file
+    edited to tasks: 3) ran nothing and summarised the runs of tasks=2; and pinned swept keys left out of the key."""
+    folder = tmp_path / "study"
+    calls: list[list[str]] = []
+    run_study([str(sweep_file(tmp_path, SMALL)), "--dir", str(folder)], log=lambda _: None, run=counting_run(calls))
+    assert len(calls) == 1
+    with pytest.raises(ConfigError, match=r"study small in sqlite:///.* ran with other fixed settings "
+                                          r"\(tasks: 2 -> 3\); its finished runs would count for these: .*--dir"):
+        run_study([str(sweep_file(tmp_path, SMALL)), "--dir", str(folder), "tasks=3"], log=lambda _: None,
+                  run=counting_run(calls))
+    edited = {**SMALL, "parameters": {**SMALL["parameters"], "tasks": {"value": 3}, "ways": {"value": 3}}}
+    with pytest.raises(ConfigError, match=r"\(tasks: 2 -> 3; ways: \(not set\) -> 3\)"):
+        run_study([str(sweep_file(tmp_path, edited)), "--dir", str(folder)], log=lambda _: None,
+                  run=counting_run(calls))
+    assert len(calls) == 1
+    run_study([str(sweep_file(tmp_path, SMALL)), "--dir", str(folder)], log=lambda _: None, run=counting_run(calls))
+    assert len(calls) == 1  # the same settings: everything is finished
+    # a swept key fixed on the command line is part of each point: seed=1 and seed=2 are runs of their own
+    for seed in (1, 2):
+        run_study([str(sweep_file(tmp_path, SMALL)), "--dir", str(folder), f"seed={seed}"], log=lambda _: None,
+                  run=counting_run(calls))
+        assert len(calls) == seed + 1 and f"seed={seed}" in calls[-1]
+
+
+def test_the_storage_password_is_never_printed():
+    """Kills: a password holding ``/`` (valid for SQLAlchemy) shown by the old mask, a ``password=`` query
+    parameter shown, and the Ctrl-C hint echoing ``--storage`` as typed."""
+    from lightning_putm.jobs.study import resume_hint
+    from lightning_putm.studies.study import without_password
+
+    assert without_password("postgresql://alice:s3cr/et@db-host/studies") == "postgresql://alice:***@db-host/studies"
+    assert without_password("postgresql://db-host/studies?user=a&password=pw&sslmode=require") == \
+        "postgresql://db-host/studies?user=a&password=***&sslmode=require"
+    for url in ("postgresql://alice@db-host:5432/studies", "sqlite:////tmp/study.db", "postgresql://db-host/s"):
+        assert without_password(url) == url
+    hint = resume_hint(["conf/sweep/x.yaml", "--storage", "postgresql://alice:s3cr/et@db-host/studies", "tasks=3"])
+    assert "s3cr" not in hint and "alice:***@db-host" in hint and "password where it shows ***" in hint
+    assert resume_hint(["x.yaml", "tasks=3"]) == \
+        "re-run the same command to resume: python -m lightning_putm study x.yaml tasks=3"

@@ -98,15 +98,18 @@ def test_two_workers_share_a_postgres_study_and_the_survivor_takes_over_a_killed
     # dead worker's point: the deadline fails it); a point in flight elsewhere taken at once (it starts before the
     # kill); a finished point re-run; a summary that drops or repeats a point
     name = "shared"
-    path = sweep_file(tmp_path, {**GRID, "name": name})
+    # both machines run the same fixed settings (a study refuses others); machine A's environment makes its runs long
+    slow = {**GRID["parameters"], "method.putm.em_steps": {"value": "${oc.decode:${oc.env:PUTM_TEST_EM_STEPS,3}}"}}
+    path = sweep_file(tmp_path, {**GRID, "name": name, "parameters": slow})
     options = ["--storage", postgres_url, "--heartbeat", "1", "--grace", "5"]
     victim_dir, survivor_dir = tmp_path / "machine_a", tmp_path / "machine_b"
     watch = optuna.storages.RDBStorage(storage_url(postgres_url))  # the tables exist before any worker starts
     # machine A, a process of its own: its runs never end (a million EM steps per task), so it is surely in the
-    # middle of its first run when it is killed
+    # middle of its first run when it is killed; machine B, this process, runs 3 EM steps
     with open(tmp_path / "machine_a.log", "w") as log:  # read it when a wait below fails
         victim = subprocess.Popen([sys.executable, "-m", "lightning_putm", "study", str(path), *options, "--dir",
-                                   str(victim_dir), "method.putm.em_steps=1000000"], cwd=tmp_path, env=worker_env(),
+                                   str(victim_dir)], cwd=tmp_path,
+                                  env={**worker_env(), "PUTM_TEST_EM_STEPS": "1000000"},
                                   stdout=log, stderr=subprocess.STDOUT)
     try:
         def victim_running() -> list[optuna.trial.FrozenTrial]:

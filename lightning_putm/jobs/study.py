@@ -12,9 +12,16 @@ from typing import Any, Callable, Sequence
 from lightning_putm.errors import ConfigError
 from lightning_putm.loggers import WANDB_LINE
 from lightning_putm.runs import slug
-from lightning_putm.studies.study import STUDY_ROOT, Study, parse_options
+from lightning_putm.studies.study import STUDY_ROOT, Study, parse_options, without_password
 from lightning_putm.studies.summary_report import write_study_summary
 from lightning_putm.studies.sweep import metric_parts, read_sweep
+
+
+def resume_hint(argv: Sequence[str]) -> str:
+    """How to resume: the same command, printed without the storage's password."""
+    command, typed = shlex.join(without_password(str(a)) for a in argv), shlex.join(map(str, argv))
+    hidden = "" if command == typed else " (with the storage's password where it shows ***)"
+    return f"re-run the same command to resume{hidden}: python -m lightning_putm study {command}"
 
 
 def run_study(argv: Sequence[str], log: Callable[[str], None] = print,
@@ -49,9 +56,7 @@ def run_study(argv: Sequence[str], log: Callable[[str], None] = print,
             current = getattr(study, "current_run", None)
             kept = f" in {current}; the finished runs and that run's finished settings" if current else \
                 "; the finished runs"
-            raise KeyboardInterrupt(
-                f"study {sweep.name} stopped{kept} are kept: re-run the same command to resume: "
-                f"python -m lightning_putm study {shlex.join(map(str, argv))}") from None
+            raise KeyboardInterrupt(f"study {sweep.name} stopped{kept} are kept: {resume_hint(argv)}") from None
     paths = write_study_summary(study.rows(), sweep.metric, sweep.goal, list(sweep.swept), folder, sweep.name,
                                 metric_parts(sweep.metric))
     log(f"study {sweep.name}: summary in " + ", ".join(str(p) for p in paths.values()))

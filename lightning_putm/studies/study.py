@@ -33,7 +33,7 @@ from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.progress import Eta, format_duration
 from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
 from lightning_putm.studies.summary import StudyRow, with_intervals
-from lightning_putm.studies.sweep import Sweep, agent_arguments, metric_parts, metric_value, point_key
+from lightning_putm.studies.sweep import Sweep, agent_arguments, metric_parts, metric_value
 from lightning_putm.validators import did_you_mean
 
 #: Where studies keep their storage, runs and summary: ``<STUDY_ROOT>/<sweep name>/``.
@@ -60,6 +60,17 @@ def storage_url(url: str) -> str:
                       "pip install 'psycopg[binary]' (in a clone of this repository: pip install -e '.[postgres]')")
 
 
+def without_password(text: str) -> str:
+    """``text`` with the password of any database URL in it masked (``user:***@host``, ``password=***``), as it
+    may be printed. As SQLAlchemy reads a URL, the password runs to the first ``@`` and may hold ``/``."""
+    text = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", text)
+    return re.sub(r"([?&]password=)[^&\s]*", r"\1***", text)
+
+
+#: The study's user attribute holding the fixed settings of its runs (:meth:`Study.fixed_settings`), as JSON.
+FIXED_SETTINGS = "fixed_settings"
+
+
 class Study:
     """One sweep as an Optuna study with heartbeats: every process running it takes the next unfinished point."""
 
@@ -73,7 +84,7 @@ class Study:
     @property
     def storage_label(self) -> str:
         """The storage URL as it may be printed: without its password."""
-        return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", self.storage_url)
+        return without_password(self.storage_url)
 
     # ------------------------------------------------------------------------------------------- checks
     def check(self) -> None:
@@ -114,9 +125,36 @@ class Study:
             storage = self._open_storage()
             sampler = (optuna.samplers.TPESampler(seed=self.seed) if self.sweep.method == "bayes"
                        else optuna.samplers.RandomSampler(seed=self.seed))
-            self._study = optuna.create_study(study_name=self.sweep.name, storage=storage, sampler=sampler,
-                                              direction=self.sweep.goal, load_if_exists=True)
+            study = optuna.create_study(study_name=self.sweep.name, storage=storage, sampler=sampler,
+                                        direction=self.sweep.goal, load_if_exists=True)
+            self._check_fixed_settings(study)
+            self._study = study
         return self._study
+
+    def fixed_settings(self) -> dict[str, str]:
+        """What every run of the study shares: the sweep file's fixed values, then the command line's arguments
+        (which win), each as ``key -> value`` text; not the swept keys the command line pins (part of each point)."""
+        fixed = {key: json.dumps(value, default=str) for key, value in self.sweep.fixed.items()}
+        given = dict(text.split("=", 1) for text in self.sweep.extra)
+        return {key: value for key, value in {**fixed, **given}.items() if key not in self.sweep.pinned}
+
+    def _check_fixed_settings(self, study: Any) -> None:
+        """A finished point counts only for the fixed settings it ran with. The first process records them with
+        the study; a later one with others (``tasks=2``, then ``tasks=3``) is refused, instead of finding every
+        point finished and summarising runs made with other settings."""
+        mine = self.fixed_settings()
+        recorded = study.user_attrs.get(FIXED_SETTINGS)
+        if recorded is None:
+            study.set_user_attr(FIXED_SETTINGS, json.dumps(mine, sort_keys=True))
+            return
+        theirs = json.loads(recorded)
+        changed = [f"{key}: {theirs.get(key, '(not set)')} -> {mine.get(key, '(not set)')}"
+                   for key in sorted(set(theirs) | set(mine)) if theirs.get(key) != mine.get(key)]
+        if changed:
+            raise ConfigError(f"study {self.sweep.name} in {self.storage_label} ran with other fixed settings "
+                              f"({'; '.join(without_password(c) for c in changed)}); its finished runs would count for "
+                              "these: give this study its own folder (--dir) or name (`name:` in the sweep file), or "
+                              "run it with the settings it has")
 
     def _open_storage(self) -> Any:
         """The storage, with heartbeats. Machines that start on a fresh database at the same moment all create its
@@ -155,7 +193,7 @@ class Study:
     def objective(self, run: Callable[[list[str]], Sequence[Any]]) -> Callable[[Any], float]:
         def evaluate(trial: Any) -> float:
             point = {k: self._suggest(trial, k, spec) for k, spec in self.sweep.swept.items()}
-            key = point_key(point)
+            key = self.sweep.key(point)
             trial.set_user_attr("point_key", key)
             if self.sweep.method == "grid" and self._claimed_elsewhere(trial._trial_id, key):
                 import optuna
@@ -233,10 +271,10 @@ class Study:
             fail_stale_trials(self.study)  # runs whose process stopped beating: failed, their points free again
             if self.sweep.method == "grid":
                 finished, running = self.finished_keys(), self.running_keys()
-                todo = [p for p in self.sweep.points() if point_key(p) not in finished]
+                todo = [p for p in self.sweep.points() if self.sweep.key(p) not in finished]
                 if not todo:
                     break
-                free = [p for p in todo if point_key(p) not in running]
+                free = [p for p in todo if self.sweep.key(p) not in running]
                 if not free:  # all left are in flight elsewhere (or in a process that died: wait for its heartbeat)
                     self.log(f"[{self.sweep.name}] {len(todo)} run(s) in flight in other processes; waiting")
                     time.sleep(max(1, self.heartbeat_s))
@@ -301,4 +339,4 @@ def parse_options(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     return options, rest
 
 
-__all__ = ["STUDY_ROOT", "Study", "parse_options", "storage_url"]
+__all__ = ["STUDY_ROOT", "Study", "parse_options", "storage_url", "without_password"]

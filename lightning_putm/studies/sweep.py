@@ -7,7 +7,7 @@ import hashlib
 import itertools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,7 +50,14 @@ class Sweep:
     run_cap: int | None = None
     path: Path | None = None
     extra: tuple[str, ...] = ()  # command-line key=value arguments, passed to every run as typed
+    #: Keys the file sweeps that the command line fixes, with the values as typed: part of each point's key (the
+    #: runs of ``rho=0.5`` are not those of ``rho=0.7``), not of the study's fixed settings.
+    pinned: dict[str, str] = field(default_factory=dict)
 
+
+    def key(self, point: dict[str, Any]) -> str:
+        """The key a point's run is filed under (:func:`point_key`), with the values the command line pinned."""
+        return point_key({**point, **self.pinned})
 
     def points(self) -> list[dict[str, Any]]:
         """Every grid point, in the file's order (``method: grid`` only)."""
@@ -96,6 +103,7 @@ def read_sweep(path: Path, overrides: Sequence[str] = ()) -> Sweep:
         else:
             swept[key] = _distribution(path, key, options)
     given = Overrides.parse(overrides)
+    pinned = {override.key: override.raw for override in given if override.key in swept}
     for override in given:
         if override.key in STUDY_OWNED:
             raise ConfigError(f"{override.key}: the study gives every run its own folder under the study's folder; "
@@ -109,7 +117,7 @@ def read_sweep(path: Path, overrides: Sequence[str] = ()) -> Sweep:
         raise ConfigError(f"{path}: nothing is swept (no parameter has `values` or a distribution)")
     run_cap = spec.get("run_cap")
     sweep = Sweep(str(spec.get("name") or path.stem), method, name, goal, fixed, swept,
-                  None if run_cap is None else int(run_cap), path, tuple(extra))
+                  None if run_cap is None else int(run_cap), path, tuple(extra), pinned)
     match = METRIC.match(name)
     methods_given = given.last("methods")
     methods = str(methods_given.raw if methods_given else fixed.get("methods", ""))
