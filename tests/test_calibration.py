@@ -130,6 +130,38 @@ def test_fitting_on_validation_tasks_lowers_protonets_calibration_error(single_t
     assert torch.equal(calibrated.argmax(-1), raw.argmax(-1))  # accuracy unchanged
 
 
+def test_a_fit_that_runs_to_the_end_of_its_range_is_no_calibration(single_thread) -> None:
+    """Kills: the temperature of tasks the method gets all right (T → 0, the search's lower end: every probability
+    then 1.0, also those of wrong predictions on the user's task) applied as a calibration. That happened in
+    `predict` with the demo checkpoint, whose val split holds its training classes."""
+    from pathlib import Path
+
+    from lightning_putm.methods.calibration import at_search_bound
+    from lightning_putm.prediction.checkpoint_splits import usable
+
+    probabilities, labels = _overconfident(queries=500)
+    assert not at_search_bound(fit_temperature(probabilities, labels))
+    right = probabilities.argmax(1)
+    assert at_search_bound(fit_temperature(probabilities, right))  # every query right: T → 0
+    assert at_search_bound(fit_temperature(probabilities, (right + 1) % 5))  # every query wrong: T → ∞
+    # far-apart classes: ProtoNet labels every validation query correctly
+    features = torch.cat([torch.full((12, 4), 100.0 * c) + torch.randn(12, 4) for c in range(5)])
+    separated = FeatureSet(features, torch.arange(5).repeat_interleave(12), [f"c{i}" for i in range(5)])
+    method = build_method("protonet", {}, shots=1, balanced=False)
+    fitted = fit_calibration(method, separated, ways=5, shots=1, queries=20, tasks=10, seed=0)
+    assert fitted.accuracy == 100.0 and not fitted.fitted
+    notices: list[str] = []
+    assert usable(fitted, Path("val.pt"), notices.append) is None
+    assert notices == ["notice: probabilities are the method's own (uncalibrated): the method labelled every query "
+                       "of the 10 tasks of val.pt correctly, so they cannot show how sure it should be (classes the "
+                       "backbone was trained on?); pass calibration=<feature file of classes the backbone did not "
+                       "train on> or calibration=<T>"]
+    from lightning_putm.data.digits import digits_feature_set
+
+    real = fit_calibration(method, digits_feature_set([0, 1, 2, 3, 4]), ways=5, shots=1, queries=40, tasks=20, seed=0)
+    assert real.fitted and usable(real, Path("val.pt"), notices.append) is real and len(notices) == 1
+
+
 def test_the_benchmark_script_writes_its_table_csv_and_reliability_figure(tmp_path, monkeypatch,
                                                                           single_thread) -> None:
     """benchmarks/calibration.py on digits features (validation: digits 0–4, test: 5–9), two methods, few tasks."""

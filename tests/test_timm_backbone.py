@@ -214,7 +214,14 @@ def test_predict_with_a_timm_model_calibrates_on_a_given_feature_file_or_says_it
                "calibration=<feature file" in line for line in lines)
     generator = torch.Generator().manual_seed(0)
     centres = torch.rand(6, 256, generator=generator)
-    labelled = FeatureSet(centres.repeat_interleave(10, 0) + 0.3 * torch.rand(60, 256, generator=generator),
+    separable = FeatureSet(centres.repeat_interleave(10, 0) + 0.3 * torch.rand(60, 256, generator=generator),
+                           torch.arange(6).repeat_interleave(10), [f"c{i}" for i in range(6)])
+    lines.clear()  # every calibration query right: no temperature fits (the search would end at T = 0.0003)
+    kept = run_predict(args + [f"calibration={save_features(separable, tmp_path / 'separable.pt')}",
+                                "calibration_tasks=20"], log=lines.append)
+    assert kept.calibration is None and torch.equal(kept.probabilities, kept.raw_probabilities)
+    assert any("labelled every query of the 20 tasks of separable.pt correctly" in line for line in lines), lines
+    labelled = FeatureSet(centres.repeat_interleave(10, 0) + torch.randn(60, 256, generator=generator),
                           torch.arange(6).repeat_interleave(10), [f"c{i}" for i in range(6)])
     path = save_features(labelled, tmp_path / "labelled.pt")
     lines.clear()

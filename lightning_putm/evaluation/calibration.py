@@ -16,7 +16,8 @@ from lightning_putm.data.episodes import TaskTensors, sample_episode_bank
 from lightning_putm.errors import DataError
 from lightning_putm.features.files import FeatureSet
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.calibration import expected_calibration_error, fit_temperature, scale_probabilities
+from lightning_putm.methods.calibration import (at_search_bound, expected_calibration_error, fit_temperature,
+                                                scale_probabilities)
 from lightning_putm.tasks import TaskBatch
 
 #: Dirichlet concentration of the calibration tasks: the imbalanced protocol's default, since a user's query
@@ -34,6 +35,9 @@ class Calibration:
     accuracy: float  # on the calibration tasks, %
     ece_before: float
     ece_after: float
+    #: False when the fit ran to an end of its range (:func:`~lightning_putm.methods.calibration.at_search_bound`):
+    #: the temperature is then no calibration, and the probabilities are better left as the method gives them.
+    fitted: bool = True
 
     def describe(self) -> str:
         return (f"temperature {self.temperature:.4g} fitted on {self.tasks} validation tasks of {self.queries} "
@@ -83,4 +87,5 @@ def fit_calibration(method: FewShotMethod, feature_set: FeatureSet, ways: int, s
     temperature = fit_temperature(probabilities, labels)
     accuracy = 100.0 * float((probabilities.argmax(-1) == labels).double().mean())
     return Calibration(temperature, tasks, count, accuracy, expected_calibration_error(probabilities, labels),
-                       expected_calibration_error(scale_probabilities(probabilities, temperature), labels))
+                       expected_calibration_error(scale_probabilities(probabilities, temperature), labels),
+                       fitted=not at_search_bound(temperature))

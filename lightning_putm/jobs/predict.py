@@ -65,7 +65,8 @@ def run_predict(overrides: Sequence[str], log: Callable[[str], None] = print) ->
     write_counts(settings.counts_output, images, probabilities, predicted)
     counts = soft_counts(probabilities)
     if calibration is None:
-        log("probabilities: the method's own (calibration=null or no validation classes found), not calibrated")
+        log("probabilities: the method's own, not calibrated" + (" (calibration=null)" if settings.calibration is None
+                                                                   else ""))
     elif calibration.tasks:
         log(f"probabilities: calibrated, {calibration.describe()}")
     else:

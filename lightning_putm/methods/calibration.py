@@ -79,6 +79,13 @@ def fit_temperature(probabilities: torch.Tensor, labels: torch.Tensor, iteration
     return math.exp((low + high) / 2.0)
 
 
+def at_search_bound(temperature: float) -> bool:
+    """Whether :func:`fit_temperature` ended at an end of its range: the NLL then has no minimum inside it, as when
+    every labelled query is predicted correctly (sharper is always better: T → 0) or every one wrongly (T → ∞).
+    Such tasks cannot say how sure the method should be."""
+    return abs(math.log(temperature)) > LOG_T_RANGE - 1e-3
+
+
 @dataclass(frozen=True)
 class ReliabilityBin:
     """Queries whose top probability lies in ``(lower, upper]``: how many, their mean confidence and accuracy."""

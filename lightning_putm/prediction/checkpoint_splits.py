@@ -123,7 +123,7 @@ def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: 
             stored = json.loads(cache.read_text())
             if stored.get("key") == json.loads(json.dumps(key, sort_keys=True, default=str)):
                 log(f"calibration: reusing {cache}")
-                return Calibration(**stored["calibration"])
+                return usable(Calibration(**stored["calibration"]), path, log)
         except (OSError, ValueError, TypeError, KeyError):
             pass  # an unreadable entry is refitted and rewritten
     feature_set = load_features(path)
@@ -147,4 +147,18 @@ def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: 
         return None
     atomic_write_text(cache, json.dumps({"key": key, "calibration": calibration.__dict__}, sort_keys=True,
                                         default=str, indent=1))
-    return calibration
+    return usable(calibration, path, log)
+
+
+def usable(calibration: Calibration, path: Path, log: Callable[[str], None]) -> Calibration | None:
+    """``calibration``, or ``None`` with a notice when its fit ran to the end of its range (no temperature)."""
+    if calibration.fitted:
+        return calibration
+    if calibration.accuracy >= 100.0:
+        why = (f"the method labelled every query of the {calibration.tasks} tasks of {path.name} correctly, so they "
+               "cannot show how sure it should be (classes the backbone was trained on?)")
+    else:
+        why = f"no temperature fits the {calibration.tasks} tasks of {path.name} (accuracy {calibration.accuracy:.1f}%)"
+    log(f"notice: probabilities are the method's own (uncalibrated): {why}; pass calibration=<feature file of "
+        "classes the backbone did not train on> or calibration=<T>")
+    return None
