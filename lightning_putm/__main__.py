@@ -86,8 +86,12 @@ def program() -> str:
 
 
 def run_analysis(command: str, argv: list[str]) -> int:
-    """Run one analysis of :mod:`lightning_putm.studies`; its ``SystemExit("message")`` becomes one error line."""
+    """Run one analysis of :mod:`lightning_putm.studies`; its ``SystemExit("message")`` or a user error
+    (:class:`~lightning_putm.errors.LightningPutmError`, e.g. a missing feature file) becomes one error line."""
     import importlib
+
+    from lightning_putm.cli import user_message
+    from lightning_putm.errors import LightningPutmError
 
     module = importlib.import_module(f"lightning_putm.studies.{ANALYSES[command]}")
     try:
@@ -96,6 +100,9 @@ def run_analysis(command: str, argv: list[str]) -> int:
         if exc.code is None or isinstance(exc.code, int):
             return exc.code or 0
         print(f"error: {exc.code}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except LightningPutmError as exc:
+        print(f"error: {user_message(exc)}", file=sys.stderr)
         return EXIT_USER_ERROR
     return 0
 

@@ -9,6 +9,7 @@ running an evaluation.
 
 from __future__ import annotations
 
+import re
 import os
 import shutil
 import subprocess
@@ -107,3 +108,20 @@ def test_an_analysis_error_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest
     assert err == f"error: {tmp_path / 'summary.csv'}: not found; give the --dir of a finished tune run\n"
     assert main(["combine-tunes", str(tmp_path), "--goal", "sideways"]) == 2  # argparse's own usage error
     assert "invalid choice: 'sideways'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["fit-unem", "--features", "nope.pt", "--shots", "1"], r"feature file not found: nope.pt; check the `--features`"),
+    (["navigator-confidence", "--features", "nope.pt"], r"feature file not found: nope.pt; check the `--features`"),
+    (["navigator-confidence", "--alphas", "abc"], r"--alphas: 'abc' is neither a positive number nor `balanced`"),
+    (["fit-unem", "--features", "nope.pt", "--shots", "1", "--alpha", "-1"], r"--alpha: Dirichlet alpha must be > 0"),
+])
+def test_an_analysis_user_error_is_one_line_and_exit_2(argv: list[str], message: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Kills: a LightningPutmError (a missing feature file) or a ValueError (float('abc')) from an analysis ending in
+    a traceback; the message naming `features=`, a key the analyses do not have."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(f"error: {message}.*\n", err), err

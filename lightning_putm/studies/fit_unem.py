@@ -25,6 +25,7 @@ from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.features import FeatureSet, load_features
 from lightning_putm.methods.unem import UNEMParams, load_params
 from lightning_putm.methods.unem_fit import FitSettings, fit_params, save_params
+from lightning_putm.validators import parse_alpha
 
 DEFAULT_CACHE = Path("outputs") / "unem_params"
 
@@ -87,9 +88,9 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    alpha = None if str(args.alpha).lower() == "balanced" else float(args.alpha)
+    alpha = parse_alpha(args.alpha, "--alpha")
     settings = FitSettings(iterations=args.iterations, loss=args.loss, normalise=args.normalise)
-    features = load_features(args.features)
+    features = load_features(args.features, setting="--features")
     for shots in args.shots:
         out = None if args.out is None else args.out.replace("{shots}", str(shots))
         if out is not None and len(args.shots) > 1 and out == args.out:

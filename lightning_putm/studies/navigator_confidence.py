@@ -30,6 +30,7 @@ from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.features.files import FeatureSet, load_features
 from lightning_putm.methods.putm import PUTM
 from lightning_putm.tasks import TaskBatch, weighted_class_means
+from lightning_putm.validators import parse_alpha
 
 #: the PUTM presets' folder, below the config folder (``conf/`` or ``$LIGHTNING_PUTM_CONF``)
 PRESETS = Path("method") / "presets" / "putm"
@@ -73,7 +74,7 @@ def preset_options(name: str, overrides: list[str]) -> dict:
 
 
 def load_feature_set(source: str) -> FeatureSet:
-    return digits_feature_set() if source == "demo" else load_features(source)
+    return digits_feature_set() if source == "demo" else load_features(source, setting="--features")
 
 
 def measure(feature_set: FeatureSet, options: dict, shots: int, alpha: float | None, queries: int, tasks: int,
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[tuple]:
     parser.add_argument("--queries", type=int, default=75)
     parser.add_argument("--tasks", type=int, default=200)
     args = parser.parse_args(argv)
+    alphas = [parse_alpha(alpha, "--alphas") for alpha in args.alphas]  # before any file is read
     feature_set = load_feature_set(args.features)
     options = preset_options(args.preset, args.set)
     rows = []
@@ -110,8 +112,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> list[tuple]:
           "| agreement with nearest mean (%) |")
     print("|---|---|---|---|---|---|---|")
     for shots in args.shots:
-        for alpha in args.alphas:
-            value = None if alpha == "balanced" else float(alpha)
+        for alpha, value in zip(args.alphas, alphas):
             accuracy, confidence, nearest, agreement = measure(feature_set, options, shots, value, args.queries,
                                                                args.tasks)
             rows.append((shots, alpha, accuracy, confidence, nearest, agreement))
