@@ -325,6 +325,12 @@ def test_bad_checkpoints_give_clear_errors(checkpoint, tmp_path):
             evaluate(path, tmp_path, "logger=none", "plots=false", "alphas=[2]")
     with pytest.raises(LightningPutmError, match="holds a conv4 backbone but backbone=resnet12"):
         evaluate(checkpoint, tmp_path, "logger=none", "backbone=resnet12", "refresh_features=true")
+    # kills: backbone= checked only when the features are extracted, not when the cache has them
+    for _ in range(2):  # the first run may extract; the second surely reuses the cache
+        _, lines = evaluate(checkpoint, tmp_path, "logger=none", "plots=false", "alphas=[2]", "backbone=conv4")
+    assert any("reusing the cache" in line for line in lines), lines
+    with pytest.raises(LightningPutmError, match="holds a conv4 backbone but backbone=resnet12"):
+        evaluate(checkpoint, tmp_path, "logger=none", "plots=false", "alphas=[2]", "backbone=resnet12")
 
 
 class _WritesMarker:

@@ -9,7 +9,8 @@ import yaml
 
 from lightning_putm.config import conf_dir
 from lightning_putm.errors import ConfigError
-from lightning_putm.evaluation.settings import load_evaluate_config, preset_options, settings_from_config
+from lightning_putm.evaluation.presets import preset_options
+from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
 from lightning_putm.methods import build_method
 
 

@@ -95,6 +95,11 @@ def test_random_sweep_samples_within_bounds_up_to_its_cap(tmp_path, single_threa
     ({"method": "random"}, r"run_cap"),
     ({"method": "hyperband"}, r"method must be one of grid, random, bayes"),
     ({"metric": {"name": "fewshot/tim/acc"}}, r"needs method tim"),
+    # kills: files checked only when the first run starts, after the study folder and storage exist
+    ({"parameters": {**GRID["parameters"], "checkpoint": {"value": "missing.ckpt"}}},
+     r"point .*: checkpoint not found: missing.ckpt"),
+    ({"parameters": {**GRID["parameters"], "features": {"value": "missing.pt"}}},
+     r"point .*: feature file not found: missing.pt"),
 ])
 def test_bad_sweeps_are_refused_before_anything_is_written(tmp_path, change, message):
     spec = {**GRID, **change}

@@ -16,10 +16,11 @@ from typing import Any, Iterable, Iterator
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from lightning_putm.config import (Override, Overrides, apply_overrides, apply_trainer_overrides, conf_dir,
-                                   group_options, is_trainer_override, load_group, load_saved_config, load_yaml,
-                                   resolve_override_value, to_container)
+from lightning_putm.config import (Override, Overrides, apply_overrides, apply_trainer_overrides, command_line_value,
+                                   conf_dir, group_options, is_trainer_override, load_group, load_saved_config,
+                                   load_yaml, resolve_override_value, to_container)
 from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.evaluation.presets import PRESET_KEY, apply_presets
 from lightning_putm.loggers import LOGGERS, check_wandb_mode
 from lightning_putm.methods import available_methods, build_method, method_uses_base_mean
 from lightning_putm.methods.base import FewShotMethod
@@ -51,15 +52,6 @@ RUN_ROOT = Path("outputs/evaluate")
 BASE_SPLITS = ("train", "val")
 #: The file names ``train_backbone.py`` gives every stage's checkpoints.
 CHECKPOINT_FILES = ("best", "last")
-#: ``conf/method/presets/<method>/<preset>.yaml``: named sets of a method's values (``method.putm.preset=paper``).
-PRESET_FOLDER = "presets"
-PRESET_KEY = "preset"
-#: Presets that were renamed: (method, old name) -> (new name, why). Naming the old one is an error that says so.
-RENAMED_PRESETS = {("putm", "recommended"): (
-    "support_anchored", "it was below the defaults on feature sets it was not selected on; the defaults are the "
-    "recommended values, and `python -m lightning_putm tune` selects on your own validation classes")}
-
-
 @dataclass
 class EvaluationSettings:
     """Validated values of ``conf/evaluate.yaml``."""
@@ -152,55 +144,6 @@ def checkpoint_data(checkpoint: str | Path, root: str | None = None) -> DictConf
     if root is not None:
         data.root = root
     return data
-
-
-def preset_options(method: str) -> list[str]:
-    """Named presets of a method: the YAML files in ``conf/method/presets/<method>/``."""
-    return group_options(f"method/{PRESET_FOLDER}/{method}")
-
-
-def apply_presets(cfg: DictConfig, overrides: Iterable[str | Override],
-                  defaults_too: bool = True) -> tuple[DictConfig, Overrides]:
-    """Merge each method's preset (``method.<name>.preset=<preset>``) over its defaults.
-
-    A preset is a named set of values (``conf/method/presets/<name>/<preset>.yaml``), applied before every other
-    override whatever the argument order, so ``method.putm.preset=paper method.putm.beta=0.7`` is the paper's
-    preset with β = 0.7. Returns the config and the overrides left to apply. With ``defaults_too`` the preset a
-    method's YAML names by default is applied as well (``reference``: the defaults themselves); without it (a re-run
-    of a saved config, which holds its preset's values already) only presets named in ``overrides`` are, and they
-    replace that method's saved values.
-    """
-    def names_preset(override: Override) -> bool:
-        parts = override.key.split(".")
-        return len(parts) == 3 and parts[0] == "method" and parts[2] == PRESET_KEY
-
-    presets, rest = Overrides.parse(overrides).partition(names_preset)
-    chosen = {o.key.split(".")[1]: o.raw.strip() for o in presets}
-    for name, preset in chosen.items():
-        if name not in cfg.method or PRESET_KEY not in cfg.method[name]:
-            with_presets = [m for m in cfg.method if PRESET_KEY in cfg.method[m]]
-            raise ConfigError(f"`method.{name}.preset`: {name!r} has no presets; {did_you_mean(name, with_presets)}"
-                              f"methods with presets: {', '.join(with_presets) or '(none)'}")
-    for name in list(cfg.method):
-        if PRESET_KEY not in cfg.method[name] or (name not in chosen and not defaults_too):
-            continue
-        preset = chosen.get(name, str(cfg.method[name][PRESET_KEY]))
-        options = preset_options(name)
-        if (name, preset) in RENAMED_PRESETS:
-            renamed, why = RENAMED_PRESETS[name, preset]
-            raise ConfigError(f"`method.{name}.preset={preset}` is now `method.{name}.preset={renamed}` (same values): "
-                              f"{why}")
-        if preset not in options:
-            raise ConfigError(f"`method.{name}.preset` must be one of {', '.join(options)}; got {preset!r}"
-                              + (f"; {did_you_mean(preset, options).strip()}" if did_you_mean(preset, options) else ""))
-        values = load_yaml(conf_dir() / "method" / PRESET_FOLDER / name / f"{preset}.yaml")
-        unknown = sorted(str(k) for k in values if k not in cfg.method[name] or k == PRESET_KEY)
-        if unknown:
-            raise ConfigError(f"preset {name}/{preset} sets unknown keys {', '.join(unknown)}")
-        # a preset replaces the method's section (defaults, then the preset): on a re-run from a saved config, naming a
-        # preset discards that method's saved values
-        cfg.method[name] = OmegaConf.merge(load_group("method", name), values, {PRESET_KEY: preset})
-    return cfg, rest
 
 
 def method_arguments(values: dict[str, Any]) -> dict[str, Any]:
@@ -311,7 +254,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     distinct(alphas, "alphas", alpha_label)
     features = str(cfg.features)
     from_checkpoint = cfg.checkpoint not in (None, "")
-    demo = str(cfg.data.name) == "digits" if from_checkpoint else features in ("demo", "auto")
+    demo = str(cfg.data.name) == DEMO_DATA if from_checkpoint else features in ("demo", "auto")
     if cfg.tasks == "auto":
         tasks = DEMO_TASKS if demo else DEFAULT_TASKS
     else:
@@ -336,9 +279,11 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         if base_split not in BASE_SPLITS:
             raise ConfigError(f"base_features={base_features}: unknown split {base_split!r}; use split:train "
                               "(the base classes the backbone was trained on) or split:val")
-    if checkpoint is not None and features not in ("auto", "demo"):
+    if checkpoint is not None and features != "auto":
         raise ConfigError(f"give either features=<file> or checkpoint=<ckpt>, not both (features={features}, "
                           f"checkpoint={checkpoint})")
+    if checkpoint is None:
+        check_checkpoint_only_settings(cfg)
     if checkpoint is not None:
         features = f"checkpoint:{checkpoint}"
     elif features == "auto":
@@ -366,6 +311,10 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     choice(cfg.logger, "logger", LOGGERS)
     wandb = to_container(cfg.wandb)
     check_wandb_mode(wandb.get("mode"), str(cfg.logger))
+    plot_task = integer(cfg.plot_task, "plot_task", 0)
+    if plot_task >= tasks:
+        raise ConfigError(f"plot_task={plot_task} but there are {tasks} tasks per setting: give an index from 0 to "
+                          f"{tasks - 1}")
     return EvaluationSettings(
         features=features,
         methods=methods,
@@ -390,7 +339,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         logger=str(cfg.logger),
         wandb=wandb,
         plots=cfg.plots,
-        plot_task=integer(cfg.plot_task, "plot_task", 0),
+        plot_task=plot_task,
         trainer=to_container(cfg.trainer),
         backbone=str(cfg.backbone),
         timm_model=timm_model,
@@ -419,6 +368,27 @@ def timm_settings(cfg: DictConfig) -> tuple[str | None, Path | None]:
     if str(cfg.backbone) not in ("auto", name):
         raise ConfigError(f"backbone={cfg.backbone} does not apply to checkpoint=timm:{name}; drop it (backbone=auto)")
     return name, path
+
+
+#: The dataset of the built-in demo (``conf/evaluate.yaml``'s default ``data``).
+DEMO_DATA = "digits"
+#: Settings that choose what a checkpoint's backbone extracts, with the values that mean "not set".
+CHECKPOINT_ONLY = {"backbone": "auto", "pretrained_file": None, "force_data": False}
+
+
+def check_checkpoint_only_settings(cfg: DictConfig) -> None:
+    """Without ``checkpoint=`` the demo or ``features=`` are evaluated as they are: a dataset (``data=cub``), a
+    ``backbone=`` or a ``pretrained_file=`` would be ignored without a word, so each is an error saying why."""
+    given = [f"data={cfg.data.name}"] if str(cfg.data.name) != DEMO_DATA else []
+    given += [f"{key}={command_line_value(cfg.get(key))}" for key, unset in CHECKPOINT_ONLY.items()
+              if cfg.get(key) not in (unset, "")]
+    if given:
+        one = len(given) == 1
+        evaluated = "the features file" if str(cfg.features) not in ("auto", "demo") else "the demo data"
+        raise ConfigError(f"{', '.join(given)} appl{'ies' if one else 'y'} only with checkpoint=: "
+                          f"{'it chooses' if one else 'they choose'} the images a backbone extracts features from. "
+                          "Give checkpoint=PATH (a train_backbone.py checkpoint) or checkpoint=timm:<model>, or "
+                          f"drop {'it' if one else 'them'} to evaluate {evaluated}")
 
 
 def built_methods(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],

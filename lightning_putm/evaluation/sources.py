@@ -35,7 +35,7 @@ from lightning_putm.features.files import FeatureSet, load_features
 from lightning_putm.methods import method_uses_base_covariance, method_uses_base_mean
 from lightning_putm.methods.bavardage import base_within_class_scatter
 from lightning_putm.models.timm_pretrained import TimmWeights, find_weights, load_timm_backbone, timm_transform
-from lightning_putm.pretraining.checkpoints import load_checkpoint_backbone
+from lightning_putm.pretraining.checkpoints import check_checkpoint_backbone, load_checkpoint_backbone
 from lightning_putm.validators import integer, mapping, positive
 
 def load_feature_source(settings: EvaluationSettings) -> FeatureSet:
@@ -106,7 +106,7 @@ def read_base_statistics(path: str | Path, dim: int, covariance: bool,
                          allow_pickle: bool = False) -> tuple[BaseStatistics, int]:
     """The base-class mean of the feature file ``path`` (and, with ``covariance``, BAVARDAGE's within-class
     scatter), checked against the evaluated features' dimension ``dim``; also the number of rows it holds."""
-    base = load_features(path, allow_pickle=allow_pickle)
+    base = load_features(path, allow_pickle=allow_pickle, setting="base_features=")
     base.check_finite(f"base features from {path}")
     if base.dim != dim:
         raise FeatureError(f"base_features {path} has d={base.dim} but the evaluated features have d={dim}; "
@@ -140,6 +140,18 @@ def missing_base_notice(settings: EvaluationSettings) -> str:
             "of the base classes from the same backbone (with checkpoint=: base_features=split:train)")
 
 
+def check_source_exists(settings: EvaluationSettings) -> None:
+    """The checkpoint or feature file the settings evaluate is a file (a study checks every point's before it
+    starts); a timm model's weights and the demo need none."""
+    checkpoint = settings.checkpoint
+    if checkpoint is not None and settings.timm_model is None and not checkpoint.is_file():
+        what = "is a folder" if checkpoint.is_dir() else "not found"
+        raise FeatureError(f"checkpoint {what}: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
+                           "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
+    if checkpoint is None and settings.features != "demo" and not Path(settings.features).exists():
+        raise FeatureError(f"feature file not found: {settings.features}; check the `features=` path")
+
+
 @dataclass
 class FeatureSource:
     """The test loop's module and datamodule, the feature cache to fill (``None`` when nothing is extracted), and
@@ -168,12 +180,10 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings,
 
     checkpoint = settings.checkpoint
     weights = None
+    check_source_exists(settings)
     if settings.timm_model is not None:  # no file to check: the weights file is found (or downloaded) now
         weights = find_weights(settings.timm_model, settings.pretrained_file)
         log(f"timm:{weights.model}: weights from {weights.origin}")
-    elif not checkpoint.is_file():
-        raise FeatureError(f"checkpoint not found: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
-                           "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
     extraction = Extraction.of(settings, weights)
     split = settings.split
     datamodule, images, key = checkpoint_split(cfg.data, file_sha256(weights.file if weights else checkpoint), split,
@@ -188,6 +198,8 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings,
                            checkpoint_sha256=key.checkpoint_sha256)
     cached = None if settings.refresh_features else cache.load()
     if cached is not None:
+        if weights is None:  # backbone= is checked on a cache hit too
+            check_checkpoint_backbone(checkpoint, settings.backbone)
         log(f"features: reusing the cache {cache.path} (refresh_features=true rebuilds it)")
         return FeatureSource(FeatureRows(), FeatureRowsDataModule(cached), None, cached.labels,
                              list(cached.class_names), cached.features)

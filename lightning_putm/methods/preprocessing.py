@@ -35,7 +35,7 @@ def check_power_transform_input(x: torch.Tensor, beta: float, method: str = "met
         raise FeatureError(
             f"{method}: the power transform (beta={beta}) needs non-negative features (post-ReLU backbone "
             f"outputs), but the smallest value is {minimum:.4g}. Pass un-centred features, or disable the "
-            "transform for this method (beta=1 keeps features as they are)"
+            f"transform for this method (method.{method}.beta=1 keeps features as they are)"
         )
 
 

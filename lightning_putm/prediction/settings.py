@@ -19,8 +19,8 @@ from lightning_putm.config import (Override, Overrides, apply_overrides, conf_di
                                    load_yaml, to_container)
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.calibration import Calibration
-from lightning_putm.evaluation.settings import (BASE_SPLIT_PREFIX, apply_presets, check_method_params, method_arguments,
-                                                resolve_device)
+from lightning_putm.evaluation.presets import apply_presets
+from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, check_method_params, method_arguments, resolve_device
 from lightning_putm.help import format_rows, help_width, paragraph, rows, usage, yaml_comments
 from lightning_putm.methods import available_methods, build_method
 from lightning_putm.models.timm_pretrained import check_model_name, timm_model_name

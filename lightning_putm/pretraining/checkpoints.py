@@ -170,6 +170,20 @@ def check_resume_checkpoint(module: S2M2Module, path: str | Path) -> None:
         raise DataError(f"{exc}; or {advice}") from exc
 
 
+def check_checkpoint_backbone(path: str | Path, expected_backbone: str | None) -> None:
+    """The backbone check of :func:`load_checkpoint_backbone` without building the model (e.g. when the
+    checkpoint's features come from the cache)."""
+    if expected_backbone not in (None, "auto"):
+        hparams = read_checkpoint(path).get("hyper_parameters") or {}
+        _check_backbone(path, str(hparams.get("backbone")), expected_backbone)
+
+
+def _check_backbone(path: str | Path, backbone_name: str, expected_backbone: str | None) -> None:
+    if expected_backbone not in (None, "auto") and expected_backbone != backbone_name:
+        raise DataError(f"{path} holds a {backbone_name} backbone but backbone={expected_backbone} was asked for; "
+                        f"use a {expected_backbone} checkpoint or backbone=auto")
+
+
 def load_checkpoint_backbone(path: str | Path, in_channels: int | None = None,
                              expected_backbone: str | None = None) -> tuple[Backbone, dict[str, Any]]:
     """The backbone of a ``train_backbone.py`` checkpoint (safe load, eval mode) and its hyper-parameters.
@@ -183,10 +197,7 @@ def load_checkpoint_backbone(path: str | Path, in_channels: int | None = None,
                         "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
     module = load_module(path)  # every problem with the file is already a DataError naming it
     hparams = dict(module.hparams)
-    backbone_name = str(hparams.get("backbone"))
-    if expected_backbone not in (None, "auto") and expected_backbone != backbone_name:
-        raise DataError(f"{path} holds a {backbone_name} backbone but backbone={expected_backbone} was asked for; "
-                        f"use a {expected_backbone} checkpoint or backbone=auto")
+    _check_backbone(path, str(hparams.get("backbone")), expected_backbone)
     channels = int(hparams.get("in_channels", 3))
     if in_channels is not None and channels != in_channels:
         raise DataError(f"{path} was trained on {channels}-channel images but the dataset has {in_channels} "

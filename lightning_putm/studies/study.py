@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 
-from lightning_putm.errors import ConfigError
+from lightning_putm.errors import ConfigError, LightningPutmError
 from lightning_putm.evaluation.progress import Eta, format_duration
 from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
+from lightning_putm.evaluation.sources import check_source_exists
 from lightning_putm.studies.summary import StudyRow, with_intervals
 from lightning_putm.studies.sweep import Sweep, agent_arguments, metric_parts, metric_value
 from lightning_putm.validators import did_you_mean
@@ -94,8 +95,8 @@ class Study:
         for point in points:
             args = self.arguments(point, Path("outputs/studies/check"))
             try:
-                settings_from_config(load_evaluate_config(args))
-            except ConfigError as exc:
+                check_source_exists(settings_from_config(load_evaluate_config(args)))
+            except LightningPutmError as exc:
                 raise ConfigError(f"sweep {self.sweep.name}, point {point}: {exc}") from None
         if self.sweep.method != "grid" and self.sweep.run_cap is None:
             raise ConfigError(f"sweep {self.sweep.name}: a {self.sweep.method} sweep needs run_cap in the file or "
