@@ -64,6 +64,17 @@ def test_tune_refuses_the_test_split_and_needs_a_checkpoint(tmp_path, tiny_check
     assert not (tmp_path / "t").exists()
 
 
+def test_tune_refuses_to_select_among_evaluation_conditions(tmp_path, tiny_checkpoint):
+    """Kills: a tune whose points differ in α or shots; its best is the easiest condition, not a setting."""
+    parameters = {**SWEEP["parameters"], "alphas": {"values": [2, "balanced"]}, "shots": {"values": [1, 5]}}
+    path = sweep_file(tmp_path, {**SWEEP, "parameters": parameters})
+    with pytest.raises(ConfigError, match=r"tune selects methods' settings \(method.<name>.<option>\), but tune-mini "
+                                          r"also sweeps shots, alphas: .* Fix them on the command line \(shots=... "
+                                          r"alphas=..., e.g. alphas=\[2,balanced\]"):
+        run_tune([str(path), "--dir", str(tmp_path / "t"), f"checkpoint={tiny_checkpoint}"], log=lambda _: None)
+    assert not (tmp_path / "t").exists()
+
+
 class Row:
     def __init__(self, weight: float, metric: float) -> None:
         self.point, self.metric = {"method.putm.support_weight": weight}, metric

@@ -29,6 +29,13 @@ def run_tune(argv: Sequence[str], log: Callable[[str], None] = print,
     if not rest:
         raise ConfigError("give a sweep file: python -m lightning_putm tune conf/sweep/<name>.yaml checkpoint=... ")
     sweep = read_sweep(Path(rest[0]), rest[1:])
+    conditions = [key for key in sweep.swept if not key.startswith("method.")]
+    if conditions:  # a selection over them would compare, say, 1-shot accuracy with 5-shot accuracy
+        given = " ".join(f"{key}=..." for key in conditions)
+        raise ConfigError(f"tune selects methods' settings (method.<name>.<option>), but {sweep.name} also sweeps "
+                          f"{', '.join(conditions)}: points would be compared under different conditions. Fix "
+                          f"{'it' if len(conditions) == 1 else 'them'} on the command line ({given}, e.g. "
+                          "alphas=[2,balanced]: every run then covers those values)")
     if prefer is not None and prefer[0] not in sweep.swept:
         raise ConfigError(f"--prefer {prefer[0]}: not a swept parameter of {sweep.name} "
                           f"(swept: {', '.join(sweep.swept)})")
