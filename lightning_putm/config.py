@@ -10,6 +10,7 @@ the arguments a job sets itself. A job parses its arguments once (:class:`Overri
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 import re
 from pathlib import Path
@@ -113,12 +114,23 @@ class Overrides(Sequence[Override]):
         if isinstance(arguments, Overrides):
             return arguments
         items = []
-        for argument in arguments:
+        arguments = list(arguments)
+        for index, argument in enumerate(arguments):
             if isinstance(argument, Override):
                 items.append(argument)
                 continue
             key, raw = split_override(argument)
-            items.append(Override(key, raw, parse_value(key, raw)))
+            try:
+                value = parse_value(key, raw)
+            except ConfigError:
+                pieces = list(itertools.takewhile(lambda a: isinstance(a, str) and "=" not in a,
+                                                  arguments[index + 1:]))
+                if pieces:  # `alphas=[2, balanced]`: the shell split the value at the space
+                    whole = " ".join([argument, *pieces])
+                    raise ConfigError(f"{whole}: the shell split this value at a space; quote it ('{whole}') or drop "
+                                      f"the spaces ({whole.replace(' ', '')})") from None
+                raise
+            items.append(Override(key, raw, value))
         return cls(items)
 
     def __getitem__(self, index: Any) -> Any:

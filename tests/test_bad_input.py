@@ -181,6 +181,8 @@ EVALUATE_CONFIG_CASES = [
     # YAML that does not parse, interpolations that do not resolve
     ("shots=[1", r"cannot parse the value of shots: '\[1' is not valid YAML.*fix the brackets"),
     ("alphas={2", r"cannot parse the value of alphas"),
+    ("alphas=[1, 2, balanced]", r"alphas=\[1, 2, balanced\]: the shell split this value at a space; quote it "
+                                r"\('alphas=\[1, 2, balanced\]'\) or drop the spaces \(alphas=\[1,2,balanced\]\)"),
     ("ways='5", r"cannot parse the value of ways"),
     ("ways=${oops}", r"cannot resolve an interpolation.*must name an existing key"),
     ("ways=${ways}", r"cannot resolve an interpolation.*must not refer to itself"),
