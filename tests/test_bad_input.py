@@ -642,6 +642,17 @@ def test_bad_checkpoints_for_init_from_resume_and_loading(tmp_path: Path, tiny_c
         read_checkpoint(tmp_path / "absent.ckpt")
 
 
+def test_a_named_run_folder_with_checkpoints_is_not_trained_over(tmp_path: Path) -> None:
+    """Kills: run=<name> without resume=true training over an earlier run's checkpoints (lost; and a stop before
+    the first epoch would have pointed resume=true at the old last.ckpt)."""
+    earlier = tmp_path / "ck" / "digits" / "conv4" / "exp" / "rotation" / "best.ckpt"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"an earlier run's weights")
+    train_error(tmp_path, ["run=exp"], rf"run=exp already holds a training run \({earlier}\): continue it with "
+                                       r"resume=true, or give another run name")
+    assert earlier.read_bytes() == b"an earlier run's weights"
+
+
 def test_bad_checkpoints_for_checkpoint_evaluation(tmp_path: Path, tiny_checkpoint: Path) -> None:
     files = bad_checkpoint_files(tmp_path / "bad", tiny_checkpoint)
     expected = {

@@ -104,8 +104,9 @@ class StageResult:
 
 
 def resolve_run_folder(settings: TrainSettings) -> contextlib.AbstractContextManager[Path]:
-    """The run's folder: ``resume=true`` continues ``run`` (default: the latest run), ``run=<name>`` reuses that
-    folder, otherwise a new ``<date>_<time>`` folder; ``latest`` points at the folder in use."""
+    """The run's folder: ``resume=true`` continues ``run`` (default: the latest run), ``run=<name>`` names a new
+    folder (one holding checkpoints is refused: nothing is overwritten), otherwise a new ``<date>_<time>`` folder;
+    ``latest`` points at the folder in use."""
     root = settings.runs_root()
     first = settings.stages[0]
     if settings.resume:
@@ -117,6 +118,10 @@ def resolve_run_folder(settings: TrainSettings) -> contextlib.AbstractContextMan
         return contextlib.nullcontext(folder)
     if settings.run:
         folder = root / settings.run
+        held = sorted(folder.glob("*/*.ckpt"))
+        if held:  # a new training would overwrite them, and a stop before its first epoch would point at them
+            raise DataError(f"run={settings.run} already holds a training run ({held[0]}): continue it with "
+                            "resume=true, or give another run name (or delete the folder to start it over)")
         folder.mkdir(parents=True, exist_ok=True)
         point_latest(root, folder)
         return contextlib.nullcontext(folder)
