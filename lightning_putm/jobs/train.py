@@ -49,26 +49,20 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
 def check_episode_settings(datamodule: FewShotDataModule, settings: TrainSettings, has_val: bool) -> None:
     """The episodes of validation, of the final test and of ``fewshot_eval`` against the splits they are drawn
     from (enough classes and images), before the run folder exists; the error names the settings' key."""
-    checks = []
-    if has_val:
-        checks.append(("val_episodes", "val", datamodule.episode_settings["val"]))
-    if settings.run_test and datamodule.has_split("test"):
-        checks.append(("test_episodes", "test", datamodule.episode_settings["test"]))
-    for key, split, episodes in checks:
+    checks = []  # (key, split, ways, shots, queries, alphas, tasks, seed)
+    drawn = {"val": has_val, "test": settings.run_test and datamodule.has_split("test")}  # splits with episodes
+    for key, split in (("val_episodes", "val"), ("test_episodes", "test")):
+        if drawn[split]:
+            e = datamodule.episode_settings[split]
+            checks.append((key, split, e.ways, [e.shots], e.queries, [e.alpha], e.tasks, e.seed))
+    if (f := settings.fewshot_eval) is not None and has_val:
+        checks.append(("fewshot_eval", "val", f.ways, f.shots, f.queries, f.alphas, f.tasks, f.seed))
+    for key, split, *episodes in checks:
         data = datamodule.split(split)
         try:
-            check_episodes_possible(data.labels, episodes.ways, [episodes.shots], episodes.queries, [episodes.alpha],
-                                    episodes.tasks, episodes.seed, data.class_names)
+            check_episodes_possible(data.labels, *episodes, data.class_names)
         except (ConfigError, DataError) as exc:
             raise type(exc)(f"{key} ({split} split): {exc}") from exc
-    fewshot = settings.fewshot_eval
-    if fewshot is not None and has_val:
-        data = datamodule.split("val")
-        try:
-            check_episodes_possible(data.labels, fewshot.ways, fewshot.shots, fewshot.queries, fewshot.alphas,
-                                    fewshot.tasks, fewshot.seed, data.class_names)
-        except (ConfigError, DataError) as exc:
-            raise type(exc)(f"fewshot_eval (val split): {exc}") from exc
 
 
 def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[StageResult]:
