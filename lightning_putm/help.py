@@ -268,6 +268,6 @@ def job_help(job: str, summary: str) -> str:
             comments = method_comments(name, path) if group == "method" else yaml_comments(path, prefix)
             body.append(format_rows(rows(node, comments, prefix), width))
     body += ["", paragraph("trainer.<name>=value: any pytorch_lightning.Trainer argument except the ones the job sets "
-                           "itself (devices, strategy, precision, accelerator, max_epochs, ...). Unknown keys are "
+                           "itself (e.g. logger, callbacks, enable_checkpointing, default_root_dir). Unknown keys are "
                            "errors that name the closest valid keys and list them all.", width)]
     return "\n".join(body)
