@@ -110,6 +110,17 @@ def test_dirichlet_redraws_are_bounded_then_fail_clearly():
         sample_episode_bank(labels, ways=5, shots=1, queries=75, alpha=2.0, tasks=1, seed=0, max_redraws=50)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_dirichlet_banks_refuse_a_class_smaller_than_shots_up_front(seed):
+    """Kills: the check made for balanced banks only. A Dirichlet task that draws a class with fewer images than
+    `shots` fails whatever its proportions; the bank then failed at that task (after 1000 useless redraws, advising
+    to raise α), or passed when no task happened to draw it: a 1-task pre-check passed and the run failed later."""
+    labels = labels_with_sizes([40] * 9 + [8])
+    with pytest.raises(DataError, match=r"class 9 has 8 images but every task that draws it needs shots = 10"):
+        sample_episode_bank(labels, ways=5, shots=10, queries=75, alpha=2.0, tasks=1, seed=seed)
+    assert len(sample_episode_bank(labels, ways=5, shots=5, queries=75, alpha=2.0, tasks=20, seed=seed)) == 20
+
+
 def test_dirichlet_redraw_succeeds_when_possible():
     labels = labels_with_sizes([20] * 10)  # Omniglot-like: 20 images per class
     bank = sample_episode_bank(labels, ways=5, shots=1, queries=30, alpha=2.0, tasks=100, seed=0)

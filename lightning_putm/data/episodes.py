@@ -147,6 +147,10 @@ def sample_episode_bank(
             f"{name(c)} has {sizes[c]} images but balanced tasks need shots + queries/ways = "
             f"{shots} + {queries // ways} = {shots + queries // ways}; lower `shots` or `queries`"
         )
+    if too_small:  # Dirichlet: a task that draws this class fails whatever its proportions (no redraw helps)
+        c = too_small[0]
+        raise DataError(f"{name(c)} has {sizes[c]} images but every task that draws it needs shots = {shots} support "
+                        "images of it; lower `shots`, or leave such classes out of the split")
 
     rng = np.random.default_rng(
         bank_seed(seed, ways=ways, shots=shots, queries=queries, alpha=alpha, tasks=tasks, classes=int(len(present)))
