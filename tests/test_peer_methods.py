@@ -94,6 +94,19 @@ def test_same_predictions_alone_or_in_a_batch(name: str) -> None:
     torch.testing.assert_close(chunked.predict(tasks), together, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("name", ["putm", *PEERS])
+def test_no_tasks_give_no_probabilities(name: str) -> None:
+    """Kills: an empty batch (the shard of a distributed rank when there are more ranks than tasks) failing in
+    the input check (``min()`` of an empty tensor) or in ``torch.cat([])``; that rank then never reached the
+    all-gather the other ranks wait in."""
+    tasks, _ = make_tasks([[15] * 5, [15] * 5])
+    empty = tasks.slice(2, 2)
+    out = build(name).predict(empty)
+    assert out.shape == (0, tasks.num_queries, tasks.ways) and out.dtype == tasks.query.dtype
+    if name == "putm":  # several CPU workers: the same
+        assert build(name, cpu_workers=2).predict(empty).shape == (0, tasks.num_queries, tasks.ways)
+
+
 def test_methods_do_not_mutate_their_input() -> None:
     tasks, _ = make_tasks([[15] * 5] * 2)
     before = (tasks.support.clone(), tasks.query.clone())

@@ -157,6 +157,8 @@ class FewShotMethod(ABC):
         size (one notice per halving on stderr); tasks are independent, so the result is the same. A single
         task that does not fit raises a :class:`RuntimeError`.
         """
+        if tasks.num_tasks == 0:  # e.g. a rank of a distributed run with more ranks than tasks
+            return tasks.query.new_zeros((0, tasks.num_queries, tasks.ways))
         self.check_input(tasks)
         counts = self.oracle_counts
         if counts is not None and tuple(counts.shape) != (tasks.num_tasks, tasks.ways):

@@ -71,7 +71,7 @@ class ChunkedSolver(FewShotMethod):
         is the base class's sequential loop."""
         device = tasks.support.device
         workers = self.cpu_workers(device)
-        if workers <= 1:
+        if workers <= 1 or tasks.num_tasks == 0:
             return super().predict(tasks, on_chunk)
         self.check_input(tasks)
         parts, chunk_ends = self.split_among_workers(tasks, workers)
