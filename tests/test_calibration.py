@@ -190,3 +190,46 @@ def test_the_benchmark_script_writes_its_table_csv_and_reliability_figure(tmp_pa
     assert float(protonet["temperature"]) > 1.0
     assert (tmp_path / "out" / "reliability_5way_1shot.png").stat().st_size > 10_000
     assert "| ProtoNet | 40 |" in (tmp_path / "out" / "calibration_5way_1shot.md").read_text()
+
+
+def test_the_cached_temperature_follows_the_base_statistics_and_learned_parameters(tmp_path, single_thread) -> None:
+    """Kills: a calibration cache keyed by the base_features *path* (a regenerated file reused the temperature
+    fitted with the old mean) or blind to UNEM's fitted parameters file."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from lightning_putm.data.digits import digits_feature_set
+    from lightning_putm.features.files import save_features
+    from lightning_putm.methods.unem import UNEMParams
+    from lightning_putm.methods.unem_fit import save_params
+    from lightning_putm.prediction.checkpoint_splits import resolve_calibration
+    from lightning_putm.prediction.settings import PredictSettings
+
+    validation = save_features(digits_feature_set([0, 1, 2, 3, 4]), tmp_path / "val.pt")
+    settings = PredictSettings(checkpoint=Path("unused.ckpt"), support=tmp_path, query=tmp_path, method="simpleshot",
+                               method_params={}, output=tmp_path / "p.csv", counts_output=tmp_path / "c.csv",
+                               base_features=None, data_root=None, feature_cache_dir=tmp_path / "cache",
+                               batch_size=8, seed=0, device=torch.device("cpu"), memory_budget_mb=2048.0,
+                               calibration=str(validation), calibration_tasks=10)
+    lines: list[str] = []
+
+    def fit(mean: torch.Tensor | None, method_name: str = "simpleshot", params: dict | None = None):
+        method = build_method(method_name, params or {}, shots=1, balanced=False, base_mean=mean)
+        lines.clear()
+        chosen = replace(settings, method=method_name, method_params=params or {})
+        return resolve_calibration(chosen, method, 5, 1, 20, "CL2N (base.pt)", lines.append, base=(mean, None))
+
+    one, other = torch.full((64,), 4.0), torch.full((64,), 12.0)
+    first = fit(one)
+    assert not any(line.startswith("calibration: reusing") for line in lines)
+    assert fit(one) == first and any(line.startswith("calibration: reusing") for line in lines)
+    moved = fit(other)  # the same description and path, another mean: fitted anew
+    assert not any(line.startswith("calibration: reusing") for line in lines) and moved != first
+    params_file = tmp_path / "unem.json"
+    save_params(params_file, UNEMParams.initial())
+    fit(None, "unem", {"params_file": str(params_file)})
+    fit(None, "unem", {"params_file": str(params_file)})
+    assert any(line.startswith("calibration: reusing") for line in lines)
+    save_params(params_file, UNEMParams.from_values(3.0, [0.2] * 10, [3.0] * 10))  # refitted: same path
+    fit(None, "unem", {"params_file": str(params_file)})
+    assert not any(line.startswith("calibration: reusing") for line in lines)

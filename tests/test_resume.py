@@ -37,6 +37,22 @@ def _run(folder: Path, *extra: str) -> list[str]:
     return lines
 
 
+def solved_settings(monkeypatch) -> list[str]:
+    """The methods whose settings are solved from now on (a setting read back is built, for its inputs, but its
+    ``predict`` never runs)."""
+    solved: list[str] = []
+    real_build = runner.build_method
+
+    def build(name, *args, **kwargs):
+        method = real_build(name, *args, **kwargs)
+        predict = method.predict
+        method.predict = lambda *a, **k: solved.append(name) or predict(*a, **k)
+        return method
+
+    monkeypatch.setattr(runner, "build_method", build)
+    return solved
+
+
 def _csv_without(path: Path, column: str) -> list[dict[str, str]]:
     rows = list(csv.DictReader(io.StringIO(path.read_text())))
     return [{k: v for k, v in row.items() if k != column} for row in rows]
@@ -74,11 +90,9 @@ def test_same_command_reads_finished_settings_back_and_writes_identical_files(tm
     assert not any("resumed" in line for line in first)
     per_task, results = (folder / "per_task.csv").read_bytes(), (folder / "results.csv").read_bytes()
 
-    def no_solving(*args, **kwargs):
-        raise AssertionError("a stored setting was solved again")
-
-    monkeypatch.setattr(runner, "build_method", no_solving)
+    solved = solved_settings(monkeypatch)
     second = _run(folder)
+    assert solved == [], "a stored setting was solved again"
     assert any("resumed 4 finished setting(s)" in line for line in second)
     assert (folder / "per_task.csv").read_bytes() == per_task
     assert (folder / "results.csv").read_bytes() == results  # the stored solve time is reused too
@@ -88,16 +102,9 @@ def test_changed_parameter_solves_only_that_method_again(tmp_path, monkeypatch):
     folder = tmp_path / "run"
     _run(folder)
     before = _csv_without(folder / "per_task.csv", "seconds")
-    built: list[str] = []
-    real_build = runner.build_method
-
-    def counting_build(name, *args, **kwargs):
-        built.append(name)
-        return real_build(name, *args, **kwargs)
-
-    monkeypatch.setattr(runner, "build_method", counting_build)
+    solved = solved_settings(monkeypatch)
     lines = _run(folder, "method.putm.em_steps=3")
-    assert built == ["putm", "putm"]  # simpleshot's two settings were read back
+    assert solved == ["putm", "putm"]  # simpleshot's two settings were read back
     assert any("putm-1shot-alpha_2 solved again" in line and "params" in line for line in lines)
     after = _csv_without(folder / "per_task.csv", "seconds")
     assert [r for r in after if r["method"] == "simpleshot"] == [r for r in before if r["method"] == "simpleshot"]
@@ -108,15 +115,34 @@ def test_corrupt_or_foreign_stored_settings_are_solved_again(tmp_path, monkeypat
     _run(folder)
     reference = (folder / "per_task.csv").read_bytes()
     (folder / SETTINGS_FOLDER / "simpleshot-1shot-alpha_2.pt").write_bytes(b"not a torch file")
-    built: list[str] = []
-    real_build = runner.build_method
-    monkeypatch.setattr(runner, "build_method", lambda name, *a, **k: built.append(name) or real_build(name, *a, **k))
+    solved = solved_settings(monkeypatch)
     lines = _run(folder)
-    assert built == ["simpleshot"] and any("unreadable file" in line for line in lines)
+    assert solved == ["simpleshot"] and any("unreadable file" in line for line in lines)
     assert (folder / "per_task.csv").read_bytes() == reference
-    built.clear()
+    solved.clear()
     _run(folder, "seed=1")  # another episode bank: every setting solved again
-    assert sorted(built) == ["putm", "putm", "simpleshot", "simpleshot"]
+    assert sorted(solved) == ["putm", "putm", "simpleshot", "simpleshot"]
+
+
+def test_a_rewritten_learned_parameters_file_is_solved_again(tmp_path, monkeypatch):
+    """Kills: a stored setting fingerprinted by UNEM's params_file path only, reused after the file was refitted
+    (its accuracy then that of the old parameters)."""
+    from lightning_putm.methods.unem import UNEMParams
+    from lightning_putm.methods.unem_fit import save_params
+
+    params = tmp_path / "unem.json"
+    save_params(params, UNEMParams.initial())
+    folder, unem = tmp_path / "run", ["methods=[unem]", f"method.unem.params_file={params}"]
+    _run(folder, *unem)
+    solved = solved_settings(monkeypatch)
+    _run(folder, *unem)
+    assert solved == []  # the same file: read back
+    save_params(params, UNEMParams.from_values(3.0, [0.2] * 10, [3.0] * 10))
+    lines = _run(folder, *unem)
+    assert solved == ["unem", "unem"] and any("unem-1shot-alpha_2 solved again" in line for line in lines), lines
+    fresh = tmp_path / "fresh"
+    _run(fresh, *unem)
+    assert _csv_without(folder / "per_task.csv", "seconds") == _csv_without(fresh / "per_task.csv", "seconds")
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")

@@ -113,8 +113,16 @@ def evaluate_features(
                 query_labels = gathered.query_labels[start_task:stop_task]
                 for name in settings.methods:
                     oracle = settings.oracle_prior and method_uses_class_prior(name)
+                    method = build_method(
+                        name, settings.method_params.get(name, {}), shots=shots, balanced=alpha is None,
+                        show_progress=show, memory_budget_mb=settings.memory_budget_mb, base_mean=base_mean,
+                        base_covariance=base_covariance,
+                        query_counts=bank.query_counts[start_task:stop_task] if oracle else None,
+                    )
                     inputs = {**common, "method": name, "params": settings.method_params.get(name, {}),
                               "shots": shots, "alpha": bank.alpha_label, "oracle_prior": oracle}
+                    if learned := method.learned_inputs():  # e.g. UNEM's fitted parameters file
+                        inputs["learned"] = learned
                     stored = store.load(name, shots, alpha, inputs) if store is not None else None
                     if stored is not None:
                         bar.update(stop_task - start_task)
@@ -123,12 +131,6 @@ def evaluate_features(
                         eta.advance(1, solved=False)
                         report(setting_line(results[-1], len(results), count, eta, resumed=True))
                         continue
-                    method = build_method(
-                        name, settings.method_params.get(name, {}), shots=shots, balanced=alpha is None,
-                        show_progress=show, memory_budget_mb=settings.memory_budget_mb, base_mean=base_mean,
-                        base_covariance=base_covariance,
-                        query_counts=bank.query_counts[start_task:stop_task] if oracle else None,
-                    )
                     bar.set_postfix_str(f"{name} {shots}-shot alpha={bank.alpha_label}")
                     start = time.perf_counter()
                     probabilities = method.predict(batch, on_chunk=lambda n: _advance(bar, n, should_stop, settings))

@@ -58,7 +58,7 @@ def run_predict(overrides: Sequence[str], log: Callable[[str], None] = print) ->
     raw = predict_task(method, support.to(device), images.support_labels.to(device), query.to(device), images.ways,
                        settings.seed)
     calibration = resolve_calibration(settings, method, images.ways, min(shots), len(images.query_paths),
-                                      normalisation, log)
+                                      normalisation, log, base=(mean, covariance))
     probabilities = raw if calibration is None else scale_probabilities(raw, calibration.temperature)
     predicted = raw.argmax(dim=1)  # the method's decision; calibration never changes it
     write_predictions(settings.output, images, probabilities, predicted)

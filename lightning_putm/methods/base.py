@@ -137,6 +137,11 @@ class FewShotMethod(ABC):
         fit = budget / max(1, self.bytes_per_task(tasks))  # may be inf for an absurd budget: then all tasks fit
         return max(1, tasks.num_tasks if fit >= tasks.num_tasks else int(fit))
 
+    def learned_inputs(self) -> dict[str, Any]:
+        """Values the method read from a file (learned parameters), as JSON data: they decide its results as its
+        options do, so a stored result or a cached temperature is reused only while they are the same. None here."""
+        return {}
+
     def check_features(self, features: torch.Tensor) -> None:
         """Refuse (:class:`FeatureError`) a feature set ``[n, d]`` the method cannot use whatever the tasks, e.g.
         negative features for a power transform; the evaluation asks once, before its run folder exists."""

@@ -213,6 +213,10 @@ class UNEM(FewShotMethod):
             self.params = preset_params(self.learned, shots)
             self.params_source = f"learned {self.learned}"
 
+    def learned_inputs(self) -> dict[str, Any]:
+        """The parameters in use, whatever their source: a rewritten ``params_file`` is a new input."""
+        return {"params": {name: getattr(self.params, name).detach().cpu().tolist() for name in ("t1", "gamma", "t2")}}
+
     def bytes_per_task(self, tasks: TaskBatch) -> int:
         n = tasks.num_support + tasks.num_queries
         return 4 * (3 * n * tasks.dim + 8 * tasks.num_queries * tasks.ways + 4 * tasks.ways * tasks.dim)

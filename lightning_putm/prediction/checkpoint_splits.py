@@ -25,6 +25,7 @@ from lightning_putm.errors import DataError, LightningPutmError
 from lightning_putm.evaluation.calibration import Calibration, fit_calibration
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, checkpoint_data
 from lightning_putm.evaluation.sources import Extraction, base_split_features, read_base_statistics
+from lightning_putm.evaluation.store import tensor_digest
 from lightning_putm.features.cache import file_sha256
 from lightning_putm.features.files import load_features
 from lightning_putm.methods import method_uses_base_covariance, method_uses_base_mean
@@ -32,7 +33,7 @@ from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.prediction.settings import PredictSettings
 
 #: Bump when a change to the calibration tasks or the fit changes the temperature a cache entry holds.
-CALIBRATION_CACHE_VERSION = 1
+CALIBRATION_CACHE_VERSION = 2  # 2: the key holds the base statistics and learned parameters by content
 
 
 def checkpoint_split(settings: PredictSettings, split: str, log: Callable[[str], None],
@@ -100,11 +101,13 @@ def calibration_features(settings: PredictSettings, log: Callable[[str], None]) 
 
 
 def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: int, shots: int, queries: int,
-                        normalisation: str, log: Callable[[str], None]) -> Calibration | None:
+                        normalisation: str, log: Callable[[str], None],
+                        base: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> Calibration | None:
     """The temperature for this task: given, fitted on validation tasks (cached), or ``None`` (raw probabilities).
 
-    The fit depends on the features, the method and its settings, the task's shape and the seed; all of them
-    make the cache key, so a changed setting never reuses a stale temperature.
+    The fit depends on the features, the method, its settings and what it read from files, the base-class
+    statistics it normalises with (``base``: mean, covariance), the task's shape and the seed; all of them make the
+    cache key (by content), so a changed input never reuses a stale temperature.
     """
     if settings.calibration is None:
         return None
@@ -114,8 +117,9 @@ def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: 
     if path is None:
         return None
     key = {"version": CALIBRATION_CACHE_VERSION, "features": file_sha256(path), "method": settings.method,
-           "params": settings.method_params, "normalisation": normalisation, "ways": ways, "shots": shots,
-           "queries": queries, "tasks": settings.calibration_tasks, "seed": settings.seed}
+           "params": settings.method_params, "learned": method.learned_inputs(), "normalisation": normalisation,
+           "base_mean": tensor_digest(base[0]), "base_covariance": tensor_digest(base[1]), "ways": ways,
+           "shots": shots, "queries": queries, "tasks": settings.calibration_tasks, "seed": settings.seed}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
     cache = settings.feature_cache_dir / "calibration" / f"{settings.method}-{digest[:16]}.json"
     if cache.is_file():
