@@ -134,3 +134,28 @@ def test_digits_demo_data():
     novel = digits_feature_set([5, 6, 7, 8, 9])
     assert novel.class_names == ["digit_5", "digit_6", "digit_7", "digit_8", "digit_9"]
     assert sorted(novel.labels.unique().tolist()) == [0, 1, 2, 3, 4]
+
+
+def test_a_cache_of_a_split_whose_files_changed_is_not_reused(tmp_path):
+    """Kills: a cache hit trusted by its key alone. The key names the data's root and split, not the files in it:
+    a class added to the folder was left out of every task, evaluated with the old features."""
+    from lightning_putm.data.imagesplit import ImageSplit
+    from lightning_putm.evaluation.sources import fresh_cache
+    from lightning_putm.features.cache import FeatureCache, FeatureCacheKey
+
+    def split(classes: int) -> ImageSplit:
+        return ImageSplit("tiered", "test", torch.arange(classes).repeat_interleave(2),
+                          [f"n{c}" for c in range(classes)], channels=3,
+                          images=torch.zeros(2 * classes, 3, 4, 4, dtype=torch.uint8))
+
+    cache = FeatureCache(tmp_path, FeatureCacheKey("sha", "tieredimagenet", "/data", "{}", "test", "Resize(4)"))
+    before = split(2)
+    cache.store(FeatureSet(torch.rand(4, 8), before.labels, list(before.class_names)))
+    lines: list[str] = []
+    assert fresh_cache(cache, before, lines.append) is not None and lines == []
+    assert fresh_cache(cache, split(3), lines.append) is None  # a class added
+    assert lines == [f"features: the cache {cache.path} no longer matches the split (4 images of 2 classes cached, "
+                     "6 of 3 now): extracting again"]
+    renamed = split(2)
+    renamed.class_names = ["n0", "other"]
+    assert fresh_cache(cache, renamed, lines.append) is None

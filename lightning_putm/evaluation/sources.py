@@ -196,7 +196,7 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings,
     cache = FeatureCache(settings.feature_cache_dir, key)
     images.metadata.update(source=f"{extraction.source()} on {data.name}/{split}", checkpoint=str(checkpoint),
                            checkpoint_sha256=key.checkpoint_sha256)
-    cached = None if settings.refresh_features else cache.load()
+    cached = None if settings.refresh_features else fresh_cache(cache, images, log)
     if cached is not None:
         if weights is None:  # backbone= is checked on a cache hit too
             check_checkpoint_backbone(checkpoint, settings.backbone)
@@ -255,6 +255,23 @@ def checkpoint_split(data: DictConfig, checkpoint_sha256: str, split: str, weigh
     return datamodule, images, key
 
 
+def fresh_cache(cache: FeatureCache, images: ImageSplit, log: Callable[[str], None]) -> FeatureSet | None:
+    """The cached features of ``images``, or ``None`` when there are none or they no longer match the split.
+
+    The cache key holds the data's root, options and split, not the files in it: images added to or removed from
+    the folder would otherwise be evaluated with the old features (a new class silently left out). The labels and
+    class names of the split as read now must equal the cached ones."""
+    cached = cache.load()
+    if cached is None:
+        return None
+    if list(cached.class_names) != list(images.class_names) or not torch.equal(cached.labels, images.labels):
+        log(f"features: the cache {cache.path} no longer matches the split ({len(cached)} images of "
+            f"{len(cached.class_names)} classes cached, {len(images)} of {len(images.class_names)} now): extracting "
+            "again")
+        return None
+    return cached
+
+
 def base_split_features(data: DictConfig, extraction: Extraction, split: str, checkpoint_sha256: str,
                         log: Callable[[str], None] = print, purpose: str = "base features",
                         use: str = "for CL2N") -> Path:
@@ -270,7 +287,7 @@ def base_split_features(data: DictConfig, extraction: Extraction, split: str, ch
     datamodule, images, key = checkpoint_split(data, checkpoint_sha256, split, extraction.weights,
                                                extraction.trainer.get("precision"))
     cache = FeatureCache(extraction.feature_cache_dir, key)
-    if not extraction.refresh_features and cache.load() is not None:
+    if not extraction.refresh_features and fresh_cache(cache, images, log) is not None:
         log(f"{purpose}: reusing the cache {cache.path}")
         return cache.path
     if extraction.weights is not None:
