@@ -401,3 +401,17 @@ def test_wandb_logs_offline_without_credentials_and_never_prints_the_key(tmp_pat
     with pytest.raises(ConfigError, match="wandb.mode must be"):
         resolve_wandb_mode("sometimes", notices.append)
     assert all(secret not in line for line in notices)
+
+
+def test_nan_features_stop_the_run_and_are_not_cached(checkpoint, tmp_path):
+    """Kills: the feature cache written before the NaN check (the next run would reuse the broken features)."""
+    payload = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    name = next(k for k, v in payload["state_dict"].items() if k.startswith("backbone.") and v.is_floating_point()
+                and v.dim() > 1)
+    payload["state_dict"][name] = torch.full_like(payload["state_dict"][name], float("nan"))
+    broken = tmp_path / "nan" / "best.ckpt"
+    broken.parent.mkdir()
+    torch.save(payload, broken)
+    with pytest.raises(LightningPutmError, match="contain NaN or Inf"):
+        evaluate(broken, tmp_path, "logger=none", "plots=false", "alphas=[2]", "base_features=null")
+    assert not list((tmp_path / "cache").rglob("*.pt"))

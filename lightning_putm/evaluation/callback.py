@@ -108,10 +108,10 @@ class FewShotEvaluationCallback(FeatureCollector):
         self._outputs = []
         rank_zero = trainer.is_global_zero
         say = self.say if rank_zero else (lambda _: None)
+        feature_set.check_finite(f"features of the {split} split")  # before caching: NaN features are never reused
         if cache is not None and rank_zero:
             cache.store(feature_set)
             say(f"feature cache written: {cache.path}")
-        feature_set.check_finite(f"features of the {split} split")
         say(f"features: {len(feature_set)} rows x {feature_set.dim} dims, {feature_set.num_classes} classes "
             f"({feature_set.metadata.get('source', split)})")
         device = self.settings.device
