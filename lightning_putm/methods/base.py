@@ -5,7 +5,8 @@ probabilities ``[T, Q, N]`` for every query. Methods know only tensors: no datas
 Lightning import. Work stays on the device of the input tensors.
 
 Large batches are split into chunks so that the method's working memory stays under
-``memory_budget_mb``; every task is solved independently, so chunking never changes a result. On CUDA the
+``memory_budget_mb``; every task is solved independently, so chunking never changes a result (α-AM's
+long Adam runs amplify the last bit of batched reductions: a few of its predictions can move). On CUDA the
 budget is also capped by the device's free memory (``memory_budget_mb: auto``: by that alone), and a chunk
 that still runs out of device memory is halved and retried (:meth:`FewShotMethod.predict`), so nothing is lost.
 
