@@ -191,8 +191,10 @@ EVALUATE_CONFIG_CASES = [
     ("ways=11", r"ways=11 but the split has only 10 classes"),
     ("queries=1000 alphas=[balanced]", r"has \d+ images but balanced tasks need shots \+ queries/ways.*lower"),
     ("queries=1000 alphas=[2]", r"Dirichlet redraws.*Lower `queries`"),
-    ("shots=[400]", r"has \d+ images but the task asks for shots \+ queries = 400 \+ \d+.*or `shots`"),
-    ("shots=[1,400]", r"has \d+ images but the task asks for shots \+ queries = 400 \+ \d+.*or `shots`"),
+    ("shots=[400]", r"has \d+ images but every task that draws it needs shots = 400 support images of it; lower `shots`"),
+    ("shots=[1,400]", r"has \d+ images but every task that draws it needs shots = 400 support images"),
+    ("shots=[5] queries=900", r"after 1000 Dirichlet redraws, .* the task asks for shots \+ queries = 5 \+ \d+.*Lower "
+                              r"`queries` \(now 900\)"),
     ("ways=20 logger=wandb", r"ways=20 but the split has only 10 classes"),  # before the W&B run, too
     ("logger=wandb wandb.mode=bogus", r"wandb.mode must be online, offline or disabled, got 'bogus'"),
     # one result per (method, shots, α): a repeat would file two settings under one name
@@ -207,7 +209,7 @@ EVALUATE_CONFIG_CASES = [
     ("plot_task=2", r"plot_task=2 but there are 2 tasks per setting: give an index from 0 to 1"),
     ("queries=10 ways=3 alphas=[balanced]", r"balanced tasks need queries divisible by ways.*use queries=9"),
     ("queries=1000000000000", r"after 1000 Dirichlet redraws, .* has \d+ images but the task asks for .*Lower `queries`"),
-    ("shots=[1000000000000]", r"after 1000 Dirichlet redraws, .*Lower `queries` \(now 75\) or `shots`"),
+    ("shots=[1000000000000]", r"needs shots = 1000000000000 support images of it; lower `shots`"),
     ("tasks=1000000000000000", r"do not fit in memory.*lower `tasks`"),
     # files that do not exist
     ("features=/no/such/file.pt", r"feature file not found: /no/such/file.pt; check the `features=` path"),
@@ -296,7 +298,7 @@ TRAIN_CONFIG_CASES = [
      r"data.download=true: cub cannot be downloaded \(downloadable: cifarfs, omniglot\); set data.download=false"),
     ("run_test=true test_episodes.shots=400", r"test_episodes \(test split\): .* has \d+ images but balanced tasks"),
     ("fewshot_eval.every_n_epochs=1 fewshot_eval.shots=[300]",
-     r"fewshot_eval \(val split\): after 1000 Dirichlet redraws, .*Lower `queries`"),
+     r"fewshot_eval \(val split\): .* has \d+ images but every task that draws it needs shots = 300"),
     ("backbone.width=abc", r"`backbone.width` must be a positive integer"),
     ("backbone.width=-3", r"`backbone.width` must be a positive integer"),
     ("backbone.width=${seed}", r"`backbone.width` must be a positive integer, got 0"),
