@@ -31,7 +31,7 @@ from lightning_putm.evaluation.progress import extraction_bar
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, EvaluationSettings
 from lightning_putm.features.cache import FeatureCache, FeatureCacheKey, extraction_precision, file_sha256
 from lightning_putm.features.extraction import BackboneFeatures, FeatureCollector, FeatureRows, FeatureRowsDataModule
-from lightning_putm.features.files import FeatureSet, load_features
+from lightning_putm.features.files import FeatureSet, check_feature_path, load_features
 from lightning_putm.methods import method_uses_base_covariance, method_uses_base_mean
 from lightning_putm.methods.bavardage import base_within_class_scatter
 from lightning_putm.models.timm_pretrained import TimmWeights, find_weights, load_timm_backbone, timm_transform
@@ -148,8 +148,8 @@ def check_source_exists(settings: EvaluationSettings) -> None:
         what = "is a folder" if checkpoint.is_dir() else "not found"
         raise FeatureError(f"checkpoint {what}: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
                            "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
-    if checkpoint is None and settings.features != "demo" and not Path(settings.features).exists():
-        raise FeatureError(f"feature file not found: {settings.features}; check the `features=` path")
+    if checkpoint is None and settings.features != "demo":
+        check_feature_path(settings.features)
 
 
 @dataclass

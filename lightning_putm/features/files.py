@@ -128,14 +128,21 @@ def unsafe_load_reason(exc: BaseException) -> str:
     return (found.group(1).strip() if found else text[:200]) or "refused by the weights-only unpickler"
 
 
-def load_features(path: str | os.PathLike, allow_pickle: bool = False, setting: str = "features=") -> FeatureSet:
-    """Load a feature file: our ``.pt`` format, or a legacy pickle when ``allow_pickle`` is set. ``setting`` is
-    how the user gave the path (``features=``, ``base_features=``, ``--features``), for the messages."""
+def check_feature_path(path: str | os.PathLike, setting: str = "features=") -> Path:
+    """``path`` as a :class:`Path`, or a :class:`FeatureError` when it is missing or not a regular file.
+    ``setting`` is how the user gave it (``features=``, ``base_features=``, ``--features``), for the message."""
     path = Path(path)
     if not path.exists():
         raise FeatureError(f"feature file not found: {path}; check the `{setting}` path")
     if not path.is_file():
         raise FeatureError(f"{path} is not a regular file (a folder or a device); check the `{setting}` path")
+    return path
+
+
+def load_features(path: str | os.PathLike, allow_pickle: bool = False, setting: str = "features=") -> FeatureSet:
+    """Load a feature file: our ``.pt`` format, or a legacy pickle when ``allow_pickle`` is set (``setting``: as
+    :func:`check_feature_path`)."""
+    path = check_feature_path(path, setting)
     if path.suffix.lower() in PICKLE_SUFFIXES:
         return _load_pickle_features(path, allow_pickle)
     if not looks_like_torch_file(path):
