@@ -10,9 +10,10 @@
 #                                                                                     bench_putm.py
 #   3. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
 #      reasons, pipe and memory use; skipped without ncu)
-#   4. the kernels compared: the chunked kernel (measured first, 2026-11-27) and the wide kernel's configurations
-#      (pair tile, warps, exact or fast Adam, register cap, pipeline stages), T = 1000, 50 EM steps each; when fast
-#      Adam beat the default, the fastest row once more with fast Adam               bench_putm.py --triton-*
+#   4. the kernels compared: the chunked kernel (the first design), the wide kernel's previous default (1 pipeline
+#      stage) and its configurations around today's default (pair tile, warps, exact or fast Adam, register cap,
+#      pipeline stages), T = 1000, 50 EM steps each; when fast Adam beat the default, the fastest row once more
+#      with fast Adam                                                                 bench_putm.py --triton-*
 #   5. the fastest configuration of steps 2 and 4: tasks/s at T = 10000 (1 shot), at T = 1000 (+ the reference)
 #      and 10000 (5 shots), its cross-checks against the fp32 engine with the noise floor (1 and 5 shots), the
 #      reference at T = 10000 beside it (with a checkout), and 132 persistent programs
@@ -170,24 +171,36 @@ BENCH=("$PYTHON" benchmarks/bench_putm.py --device cuda)
 TRITON=("${BENCH[@]}" --solver triton --basis cholesky)
 BIG=(--stream-tasks 10000 --memory-budget-mb 32768)
 # A kernel configuration, as the sweep names it: kernel BLOCK_P BLOCK_K warps Adam register-cap stages (BLOCK_P "-":
-# each precision's default pair tile, BF16_TILE in bf16; register cap "-": none). KernelConfig()'s, and its bf16
-# tile (tests/test_putm_triton.py holds them equal):
-DEFAULT_VARIANT="wide - 16 8 exact - 1"
+# each precision's default pair tile, BF16_TILE in bf16; register cap "-": none; stages "-": the kernel's default,
+# WIDE_STAGES for the wide kernel). KernelConfig()'s, its bf16 tile and the wide kernel's default stages
+# (tests/test_putm_triton.py holds them equal):
+DEFAULT_VARIANT="wide - 16 8 exact - -"
 BF16_TILE=32
+WIDE_STAGES=3
 # variant_args VARIANT: its bench_putm.py flags, in VARIANT_ARGS; the same without the pair tile, in CHECK_ARGS
 # (the cross-check also runs the kernel in fp32, whose tiles are smaller: a bf16 tile of 64 or more spills tens of
 # KB per thread there); its name, in VARIANT_NAME
 variant_args() {
     local kernel block_p block_k warps adam cap stages
     read -r kernel block_p block_k warps adam cap stages <<<"$1"
-    CHECK_ARGS=(--triton-kernel "$kernel" --triton-block-k "$block_k" --triton-warps "$warps" --triton-adam "$adam" \
-        --triton-stages "$stages")
+    CHECK_ARGS=(--triton-kernel "$kernel" --triton-block-k "$block_k" --triton-warps "$warps" --triton-adam "$adam")
     [[ $cap != - ]] && CHECK_ARGS+=(--triton-max-registers "$cap")
+    [[ $stages != - ]] && CHECK_ARGS+=(--triton-stages "$stages")
     VARIANT_ARGS=("${CHECK_ARGS[@]}")
     [[ $block_p != - ]] && VARIANT_ARGS+=(--triton-block-p "$block_p")
     VARIANT_NAME="$kernel$([[ $block_p != - ]] && echo " BLOCK_P=$block_p")$([[ $kernel == chunked ]] \
-&& echo " BLOCK_K=$block_k") warps=$warps Adam=$adam$([[ $cap != - ]] && echo " registers<=$cap")$([[ $stages != 1 ]] \
-&& echo " stages=$stages")"
+&& echo " BLOCK_K=$block_k") warps=$warps Adam=$adam$([[ $cap != - ]] && echo " registers<=$cap") \
+stages=$(stages_of "$kernel" "$stages")"
+}
+# stages_of KERNEL STAGES: the pipeline stages a configuration runs with ("-": the kernel's default)
+stages_of() {
+    if [[ $2 != - ]]; then
+        echo "$2"
+    elif [[ $1 == wide ]]; then
+        echo "$WIDE_STAGES"
+    else
+        echo 1
+    fi
 }
 # sweep_row VARIANT LABEL: the last step's tasks/s (bench_putm.py's "ours cuda 1000 chunks seconds tasks/s …" line)
 # as a row of the sweep's table; the fastest passing configuration so far becomes BEST_VARIANT
@@ -200,7 +213,7 @@ sweep_row() {
     [[ $STEP_RESULT == passed ]] && rate="$(awk '$1 == "ours" && $3 == 1000 {print $6; exit}' "$LOG")"
     [[ -n "$rate" && $rate != — ]] && RATE_OF["$1"]="$rate"
     echo "| $kernel$2 | ${block_p/-/$BF16_TILE} | $([[ $kernel == chunked ]] && echo "$block_k" || echo —) | $warps | $adam \
-| ${cap/-/—} | $stages | ${rate:-—} | ${STEP_RESULT%% (*} |" >>"$SWEEP"
+| ${cap/-/—} | $(stages_of "$kernel" "$stages") | ${rate:-—} | ${STEP_RESULT%% (*} |" >>"$SWEEP"
     if [[ -n "$rate" && $rate != — ]] && awk -v a="$rate" -v b="$BEST_RATE" 'BEGIN {exit !(a + 0 > b + 0)}'; then
         BEST_VARIANT="$1"
         BEST_RATE="$rate"
@@ -222,16 +235,16 @@ else
     echo "| Triton kernel: Nsight Compute profile | SKIPPED (no ncu on PATH) | 0 |" >>"$SUMMARY"
 fi
 # 4: the kernels and their configurations compared (T = 1000, the full 50 EM steps; the warm-up compiles each
-#    kernel, untimed): the chunked kernel measured on 2026-11-27 first, for the ratio in the same session, then
-#    the wide kernel's most telling variants (approximate Adam; more warps per SM: registers capped at 128 for two
-#    8-warp programs per SM; the next pair tile's loads overlapping the current tile's products: 2 pipeline
-#    stages; 16-warp and 4-warp programs; fewest barriers: pair tiles of 128), those the sm_90 estimate rates
-#    worse last. Under a budget the sweep leaves GPU_CHECK_RESERVE seconds to step 5.
+#    kernel, untimed): the chunked kernel first and the wide kernel's previous default (1 stage), for the ratios
+#    in the same session, then the variants of today's default (8 warps, 3 stages: the fastest row of the H100
+#    sweep of 2026-11-27) that the sweep left open: approximate Adam; 4 pipeline stages; 4-warp programs (faster
+#    than 8 at 1 stage); 2 stages; pair tiles of 16; registers capped at 128 for two programs per SM; 16 warps;
+#    4 warps with 4 stages; pair tiles of 64 (the largest that fits with 3 stages: 128 needs 271 KB of shared
+#    memory). Under a budget the sweep leaves GPU_CHECK_RESERVE seconds to step 5.
 [[ $BUDGET -gt 0 ]] && KEEP=$RESERVE
-for VARIANT in "chunked - 16 8 exact - 1" "wide - 16 8 fast - 1" "wide - 16 8 exact 128 1" \
-    "wide - 16 8 exact - 2" "wide - 16 16 exact - 1" "wide - 16 4 exact - 1" "wide 128 16 8 exact - 1" \
-    "wide 16 16 8 exact - 1" "wide - 16 8 exact 128 2" "wide - 16 8 exact - 3" "wide - 16 4 exact 128 1" \
-    "wide 64 16 8 exact - 1" "chunked 64 16 8 exact - 1" "chunked - 16 4 exact - 1"; do
+for VARIANT in "chunked - 16 8 exact - 1" "wide - 16 8 exact - 1" "wide - 16 8 fast - -" "wide - 16 8 exact - 4" \
+    "wide - 16 4 exact - -" "wide - 16 8 exact - 2" "wide 16 16 8 exact - -" "wide - 16 8 exact 128 -" \
+    "wide - 16 16 exact - -" "wide - 16 4 exact - 4" "wide 64 16 8 exact - -"; do
     variant_args "$VARIANT"
     run_step "Triton sweep $VARIANT_NAME" text "${TRITON[@]}" --sizes 1000 "${VARIANT_ARGS[@]}"
     sweep_row "$VARIANT" ""

@@ -254,8 +254,8 @@ case "$*" in
     *"-m pytest -m cuda"*) echo "4 passed" ;;
     *"--solver compiled"*) echo "compiled solver crashed"; exit 3 ;;
     *crosscheck_putm.py*) echo "agreement 99.9%" ;;
-    *"--triton-adam fast"*"--triton-block-p 128"*) echo "ours           cuda     1000      1      1.10   909.090" ;;
-    *"--triton-block-p 128"*) echo "ours           cuda     1000      1      1.23   812.500" ;;
+    *"--triton-adam fast"*"--triton-block-p 64"*) echo "ours           cuda     1000      1      1.10   909.090" ;;
+    *"--triton-block-p 64"*) echo "ours           cuda     1000      1      1.23   812.500" ;;
     *"--triton-warps 8 --triton-adam fast"*) echo "ours           cuda     1000      1      1.43   700.000" ;;
     *"--triton-warps 16"*) echo "Triton compile error"; exit 4 ;;
     *--triton-kernel*) echo "ours           cuda     1000      1      2.50   400.000" ;;
@@ -291,25 +291,28 @@ def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path: Path) -> None:
     assert "| CUDA-marked tests | passed |" in text and "4 passed" in text
     # the kernel sweep's table: every row, the fastest first, a failed row without a rate
     sweep = text.split("## Triton kernel sweep")[1].split("\n\n")[2].splitlines()[2:]
-    # approximate Adam (700) beat the default (600), so the fastest row (pair tiles of 128) ran with it too
-    assert sweep[:3] == ["| wide | 128 | — | 8 | fast | — | 1 | 909.090 | passed |",
-                         "| wide | 128 | — | 8 | exact | — | 1 | 812.500 | passed |",
-                         "| wide | 32 | — | 8 | fast | — | 1 | 700.000 | passed |"]
-    assert "| Triton sweep wide BLOCK_P=128 warps=8 Adam=fast (the fastest row, with approximate Adam) | passed |" in text
-    assert "| wide (default) | 32 | — | 8 | exact | — | 1 | 600.000 | passed |" in sweep  # step 2's rate
+    # approximate Adam (700) beat the default (600), so the fastest row (pair tiles of 64) ran with it too; a row
+    # whose stages are "-" shows the wide kernel's default, 3
+    assert sweep[:3] == ["| wide | 64 | — | 8 | fast | — | 3 | 909.090 | passed |",
+                         "| wide | 64 | — | 8 | exact | — | 3 | 812.500 | passed |",
+                         "| wide | 32 | — | 8 | fast | — | 3 | 700.000 | passed |"]
+    assert ("| Triton sweep wide BLOCK_P=64 warps=8 Adam=fast stages=3 (the fastest row, with approximate Adam) "
+            "| passed |") in text
+    assert "| wide (default) | 32 | — | 8 | exact | — | 3 | 600.000 | passed |" in sweep  # step 2's rate
     assert "| chunked | 32 | 16 | 8 | exact | — | 1 | 400.000 | passed |" in sweep
-    assert "| wide | 32 | — | 8 | exact | 128 | 2 | 400.000 | passed |" in sweep
-    assert sweep[-1] == "| wide | 32 | — | 16 | exact | — | 1 | — | FAILED |"
+    assert "| wide | 32 | — | 8 | exact | — | 1 | 400.000 | passed |" in sweep  # the previous default
+    assert "| wide | 32 | — | 8 | exact | 128 | 3 | 400.000 | passed |" in sweep
+    assert sweep[-1] == "| wide | 32 | — | 16 | exact | — | 3 | — | FAILED |"
     assert len(sweep) == 1 + len(re.findall(r"^\| Triton sweep (?!,)", text, re.M))
     # step 5 runs the fastest row's configuration: T = 10,000 and 5 shots with its flags, the cross-checks with
     # each precision's own pair tile (a bf16 tile of 128 would spill tens of KB per thread in fp32)
-    fastest = "wide BLOCK_P=128 warps=8 Adam=fast"
+    fastest = "wide BLOCK_P=64 warps=8 Adam=fast stages=3"
     assert f'The steps titled "fastest: …" ran the fastest configuration, {fastest} (909.090 tasks/s).' in text
-    flags = "--triton-kernel wide --triton-block-k 16 --triton-warps 8 --triton-adam fast --triton-stages 1"
+    flags = "--triton-kernel wide --triton-block-k 16 --triton-warps 8 --triton-adam fast"  # default stages: no flag
     for title, command in [("PUTM solver, --solver triton (fastest: {}), 1-shot, T = 10000",
-                            f"{flags} --triton-block-p 128 --sizes 10000"),
+                            f"{flags} --triton-block-p 64 --sizes 10000"),
                            ("PUTM solver, --solver triton (fastest: {}), 5-shot",
-                            f"{flags} --triton-block-p 128 --sizes 1000 10000 --shots 5"),
+                            f"{flags} --triton-block-p 64 --sizes 1000 10000 --shots 5"),
                            ("Triton (fastest: {}) vs fp32 engine, 5-shot", f"--shots 5 {flags}`")]:
         assert f"| {title.format(fastest)} | passed |" in text
         assert command in text.split(f"## {title.format(fastest)}\n")[1].split("\n")[1]
@@ -361,10 +364,10 @@ def test_gpu_check_budget_keeps_time_for_the_fastest_configuration(tmp_path: Pat
     assert done.returncode == 1, done.stdout + done.stderr
     text = next(out.iterdir()).read_text()
     kept = "SKIPPED (the budget's last 290 s are kept for the fastest configuration's steps)"
-    assert f"| Triton sweep wide warps=8 Adam=fast | {kept} | 0 |" in text
-    assert len(re.findall(r"^\| Triton sweep (?!,).*SKIPPED", text, re.M)) == 14
+    assert f"| Triton sweep wide warps=8 Adam=fast stages=3 | {kept} | 0 |" in text
+    assert len(re.findall(r"^\| Triton sweep (?!,).*SKIPPED", text, re.M)) == 11
     assert "with approximate Adam)" not in text  # no rates, so no combined row
-    default = "wide warps=8 Adam=exact"
+    default = "wide warps=8 Adam=exact stages=3"
     assert f"The steps titled \"fastest: …\" ran the fastest configuration, {default} (600.000 tasks/s)." in text
     for title in ["PUTM solver, --solver triton (fastest: {}), 1-shot, T = 10000",
                   "PUTM solver, --solver triton (fastest: {}), 5-shot", "Triton (fastest: {}) vs fp32 engine, 1-shot",
@@ -372,7 +375,7 @@ def test_gpu_check_budget_keeps_time_for_the_fastest_configuration(tmp_path: Pat
         assert f"| {title.format(default)} | passed |" in text
     title = f"PUTM reference and the fastest configuration ({default}), T = 10000"
     assert f"| {title} | passed |" in text
-    assert (f"--triton-adam exact --triton-stages 1 --sizes 10000 --stream-tasks 10000 --memory-budget-mb 32768 "
+    assert (f"--triton-adam exact --sizes 10000 --stream-tasks 10000 --memory-budget-mb 32768 "
             f"--reference {reference} --reference-max-tasks 10000`") in text.split(f"## {title}\n")[1].split("\n")[1]
 
 

@@ -58,10 +58,11 @@ class KernelConfig:
     GPU's approximate instructions, within 2 ulp, wide kernel only); ``max_registers``: a cap on registers per
     thread (Triton's ``maxnreg``; ``None``: as many as the compiler wants, 255 for the default tiles, so one 8-warp
     program per SM; 128 lets two share an SM, at the price of spilled registers, docs/gpu.md); ``num_stages``:
-    Triton's software pipelining of the loops over pair tiles (1: none; 2: the next tile's scratch rows are copied
-    into shared memory asynchronously while the current tile is multiplied, which hides the latency of those loads
-    when few warps share an SM, at the price of more instructions and 8 KB more shared memory, docs/gpu.md).
-    ``benchmarks/bench_putm.py --triton-*`` sets them on a GPU."""
+    Triton's software pipelining of the loops over pair tiles (1: none; 2 or 3: the next tiles' scratch rows are
+    copied into shared memory asynchronously while the current tile is multiplied, which hides the latency of those
+    loads when few warps share an SM, at the price of more instructions and shared memory; ``None``:
+    :data:`DEFAULT_STAGES` of the kernel that runs, 3 for the wide kernel, the fastest of the H100 sweep, and 1
+    for the chunked kernel, measured only so; docs/gpu.md). ``benchmarks/bench_putm.py --triton-*`` sets them on a GPU."""
 
     kernel: str = "wide"
     block_p: int | None = None
@@ -70,17 +71,22 @@ class KernelConfig:
     programs: int | None = None
     exact_adam: bool = True
     max_registers: int | None = None
-    num_stages: int = 1
+    num_stages: int | None = None
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"KernelConfig.kernel={self.kernel!r}: one of {', '.join(KERNELS)}")
-        if self.num_stages < 1:
+        if self.num_stages is not None and self.num_stages < 1:
             raise ValueError(f"KernelConfig.num_stages={self.num_stages}: at least 1 (1: no software pipelining)")
 
-    def launch_options(self) -> dict[str, int]:
-        """A launch's options besides its arguments: warps, pipeline stages, the register cap if any."""
-        options = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+    def stages(self, kernel: str) -> int:
+        """``num_stages`` for the kernel that runs (:func:`kernel_for`): the setting, or that kernel's default."""
+        return DEFAULT_STAGES[kernel] if self.num_stages is None else self.num_stages
+
+    def launch_options(self, kernel: str) -> dict[str, int]:
+        """A launch's options besides its arguments, for the kernel that runs: warps, pipeline stages, the register
+        cap if any."""
+        options = {"num_warps": self.num_warps, "num_stages": self.stages(kernel)}
         if self.max_registers is not None:
             options["maxnreg"] = self.max_registers
         return options
@@ -94,6 +100,10 @@ class KernelConfig:
 
 #: The kernels :class:`KernelConfig` can name.
 KERNELS = ("wide", "chunked")
+#: Each kernel's pipeline stages when :attr:`KernelConfig.num_stages` is ``None``: the wide kernel's fastest row of
+#: the H100 sweep (2026-11-27: 878 tasks/s at T = 1000 against 714 with 1 stage, 782 with 2; docs/gpu.md); the
+#: chunked kernel was timed with 1 stage only.
+DEFAULT_STAGES = {"wide": 3, "chunked": 1}
 #: Largest basis width and hidden widths of the wide kernel (its ``∂W1`` and ``∂W2`` accumulate in registers:
 #: at the default tiles 128 x 128 and 128 x 64 fp32 fit the 255 registers of sm_90 with few spilled bytes, 68 per
 #: thread with triton 3.8 and 120 with 3.6, docs/gpu.md).
@@ -276,7 +286,7 @@ class TritonTrainer(Engine):
                                                                                                     torch.Tensor]:
         """One kernel launch over all tasks; returns the (persistent) π_f and π_b buffers."""
         name, arguments, constants, grid = self.kernel_arguments(query, prototypes, cost)
-        kernel_function(name)[grid](*arguments, **constants, **self.config.launch_options())
+        kernel_function(name)[grid](*arguments, **constants, **self.config.launch_options(name))
         return self._outputs  # type: ignore[return-value]
 
     def kernel_arguments(self, query: torch.Tensor, prototypes: torch.Tensor,

@@ -36,10 +36,11 @@ def shipped_tool(name: str) -> str | None:
 def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                  block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
                  balance: bool = False, kernel: str = "chunked", exact_adam: bool = True, tasks: int = 100,
-                 max_registers: int | None = None, num_stages: int = 1):
+                 max_registers: int | None = None, num_stages: int | None = None):
     """The kernel compiled for an H100 (``GPUTarget("cuda", 90, 32)``) exactly as the engine would launch it for
     ``tasks`` tasks: ``(compiled, constants)``. ``precision``: 0 fp32, 1 TF32, 2 bf16 (:mod:`.triton_kernels`);
-    ``kernel``, ``exact_adam``, ``max_registers``, ``num_stages``: as in :class:`.triton_engine.KernelConfig`.
+    ``kernel``, ``exact_adam``, ``max_registers``, ``num_stages``: as in :class:`.triton_engine.KernelConfig`
+    (``num_stages=None``: the kernel's default).
 
     The arguments are the engine's own (:meth:`.triton_engine.TritonTrainer.kernel_arguments`, on CPU tensors), and
     Triton's launcher decides how they specialize the build, as on the GPU: pointers aligned to 16 bytes and
@@ -64,7 +65,7 @@ def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[in
     name, arguments, constants, _ = engine.kernel_arguments(
         torch.zeros(tasks, queries, m), torch.zeros(tasks, ways, m), torch.zeros(tasks, queries, ways))
     constants["PRECISION"] = precision  # TF32 (1) is chosen on CUDA devices only
-    return _build_sm90(kernel_function(name), arguments, dict(constants, **config.launch_options())), constants
+    return _build_sm90(kernel_function(name), arguments, dict(constants, **config.launch_options(name))), constants
 
 
 def compile_m_step_sm90(queries: int = 75, ways: int = 5, shots: int = 1, m: int = 80, tasks: int = 100):
@@ -106,7 +107,7 @@ def sm90_resources(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[
                    block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
                    balance: bool = False, ptxas: str | None = None, kernel: str = "chunked",
                    exact_adam: bool = True, max_registers: int | None = None,
-                   num_stages: int = 1) -> dict[str, int]:
+                   num_stages: int | None = None) -> dict[str, int]:
     """Registers per thread, spill bytes, stack bytes and shared memory of one kernel configuration on sm_90
     (arguments of :func:`compile_sm90`). Raises ``RuntimeError`` without ptxas."""
     compiled, _ = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, balance, kernel,
@@ -251,7 +252,7 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
 def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                               block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
                               kernel: str = "chunked", exact_adam: bool = True, max_registers: int | None = None,
-                              num_stages: int = 1, nvdisasm: str | None = None) -> dict[str, int]:
+                              num_stages: int | None = None, nvdisasm: str | None = None) -> dict[str, int]:
     """Warp instructions that one Adam step of one task executes on sm_90, estimated from the machine code
     (:func:`count_adam_step`): ``total`` (all warps of the program), ``per warp``, and per warp by
     :data:`OPCODE_GROUPS` (the rest: ``integer and control``). Raises ``RuntimeError`` without nvdisasm."""
@@ -285,12 +286,13 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
 #: cap, pipeline stages); the first row of each group is the kernel's default. The chunked kernel's rows are
 #: gpu_check's tile sweep.
 TABLE = [
+    ("wide", 1, 80, 2, 32, 16, 8, True, None, 3),
     *[("wide", 1, 80, 2, p, 16, w, True, None, 1) for p, w in ((32, 8), (16, 8), (64, 8), (128, 8), (32, 16),
                                                               (32, 4))],
     ("wide", 1, 80, 2, 32, 16, 8, False, None, 1), ("wide", 1, 80, 2, 32, 16, 8, True, 128, 1),
     ("wide", 1, 80, 2, 32, 16, 4, True, 128, 1), ("wide", 1, 80, 2, 32, 16, 8, True, None, 2),
-    ("wide", 1, 80, 2, 32, 16, 8, True, None, 3), ("wide", 1, 80, 2, 32, 16, 8, True, 128, 2),
-    ("wide", 5, 100, 2, 32, 16, 8, True, None, 1), ("wide", 1, 80, 0, 16, 16, 8, True, None, 1),
+    ("wide", 1, 80, 2, 32, 16, 8, True, 128, 2),
+    ("wide", 5, 100, 2, 32, 16, 8, True, None, 3), ("wide", 1, 80, 0, 16, 16, 8, True, None, 3),
     *[("chunked", 1, 80, 2, p, k, w, True, None, 1) for p, k, w in ((32, 16, 8), (16, 16, 8), (64, 16, 8),
                                                                    (32, 32, 8), (32, 16, 4))],
     ("chunked", 5, 100, 2, 32, 16, 8, True, None, 1), ("chunked", 1, 80, 0, 16, 16, 8, True, None, 1),
