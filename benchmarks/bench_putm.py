@@ -258,7 +258,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"EM steps actually run; below {EM_STEPS} the times are extrapolated (and marked)")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "tf32", "bf16"])
     parser.add_argument("--solver", default="auto", choices=["auto", "compiled", "fused", "autograd", "triton"],
-                        help="PUTM engine (auto = compiled on CUDA, fused elsewhere; triton = the fused kernel)")
+                        help="PUTM engine (auto = triton on sm_90 GPUs, compiled on other CUDA devices, fused elsewhere; "
+                             "triton = the fused kernel)")
     parser.add_argument("--basis", default="qr", choices=["qr", "cholesky"], help="PUTM per-task basis")
     add_triton_flags(parser)
     parser.add_argument("--early-stop-tol", type=float, default=None)

@@ -19,7 +19,8 @@
 #      reference at T = 10000 beside it (with a checkout), and 132 persistent programs
 #                                                               bench_putm.py, crosscheck_putm.py --triton-*
 #   6. all CUDA-marked tests                                                  python -m pytest -m cuda
-#   7. the default solver (compiled) at T = 1000 and 10000, --solver compiled, and the fast path's cross-check
+#   7. the default solver (triton on sm_90, else compiled) at T = 1000 and 10000, --solver compiled, and the
+#      compiled engine's cross-check
 #                                                                             bench_putm.py, crosscheck_putm.py
 #   8. WRN-28-10 S2M2 training throughput at 84x84: fp32, bf16-mixed + channels-last, and the same compiled
 #                                                                          benchmarks/bench_pretrain.py
@@ -287,9 +288,9 @@ run_step "CUDA-marked tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprov
 run_step "PUTM solver, default" text "${BENCH[@]}" --sizes 1000 10000 "${BIG[@]}"
 run_step "PUTM solver, --solver compiled" text "${BENCH[@]}" --sizes 1000 10000 --solver compiled
 if [[ -f benchmarks/crosscheck_putm.py ]]; then
-    run_step "Fast path vs fp32 engine" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000
+    run_step "Compiled engine vs fp32 engine" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000
 else
-    echo "| Fast path vs fp32 engine | FAILED (benchmarks/crosscheck_putm.py not found) | 0 |" >>"$SUMMARY"
+    echo "| Compiled engine vs fp32 engine | FAILED (benchmarks/crosscheck_putm.py not found) | 0 |" >>"$SUMMARY"
     FAILED=1
 fi
 # 8: pretraining throughput

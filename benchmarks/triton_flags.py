@@ -31,8 +31,9 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
                         help="solver=triton: cap on registers per thread (128: two 8-warp programs per SM, with "
                              "spills; default: no cap)")
     parser.add_argument("--triton-stages", type=int, default=None,
-                        help="solver=triton: software pipelining of the loops over pair tiles (2: the next tile's "
-                             "loads overlap the current tile's products; default: 1, none)")
+                        help="solver=triton: software pipelining of the loops over pair tiles (2 or more: the next "
+                             "tiles' loads overlap the current tile's products; default: 3 for the wide kernel, 1 "
+                             "for the chunked)")
 
 
 def triton_flag_values(args: argparse.Namespace) -> list[tuple[str, object]]:

@@ -529,14 +529,26 @@ def test_a_launch_has_the_configured_number_of_programs(monkeypatch, programs, g
     assert trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])[3] == (grid,)
 
 
-def test_auto_stays_compiled_on_cuda():
-    """``auto`` does not pick the kernel, which an H100 measured no faster than ``compiled``. Kills: auto switched to
-    triton."""
+@pytest.mark.parametrize("capability,installed,expected", [((9, 0), True, "triton"), ((9, 0), False, "compiled"),
+                                                          ((8, 0), True, "compiled"), ((10, 0), True, "compiled")])
+def test_auto_picks_triton_only_where_a_gpu_run_measured_it(monkeypatch, capability, installed, expected):
+    """``auto`` on CUDA: the fused kernel on an sm_90 GPU (the H100 measured it 2.6x faster than ``compiled``, at
+    the noise floor), ``compiled`` on GPUs where it has not run and wherever triton is missing; ``fused`` on CPU
+    whatever the GPUs. Kills: auto left at compiled, auto picking triton on an unmeasured GPU or without triton
+    (a ConfigError instead of a run), the capability of another device asked."""
+    from lightning_putm.methods.putm import triton_support
     from lightning_putm.methods.putm.solvers import resolve_solver
 
-    assert resolve_solver("auto", torch.device("cuda")) == "compiled"
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: asked.append(device) or capability)
+    if not installed:
+        monkeypatch.setattr(triton_support, "unavailable_reason",
+                            lambda device: "method.putm.solver=triton needs the triton package")
+    cuda = torch.device("cuda", 1)
+    assert resolve_solver("auto", cuda) == expected
+    assert asked == [cuda]
     assert resolve_solver("auto", torch.device("cpu")) == "fused"
-    assert resolve_solver("triton", torch.device("cuda")) == "triton"
+    assert resolve_solver("compiled", cuda) == "compiled" and resolve_solver("fused", cuda) == "fused"
 
 
 def test_unsupported_shape_falls_back_to_compiled_with_one_notice(monkeypatch):
@@ -679,8 +691,8 @@ def test_one_compiled_m_step_kernel_serves_every_em_step():
 #: sm_90 (H100) limits: 227 KB of shared memory per block, 255 registers per thread; spills allowed per config.
 SM90_SHARED_BYTES = 227 * 1024
 #: (kernel, name, queries, m, precision, most spill-store bytes per thread); measured (triton 3.8, the build the
-#: launcher specializes): at most 88 bytes in bf16 (the fast path), 836 (chunked) and 328 (wide) in fp32, whose
-#: products run on CUDA cores with their operands in registers
+#: launcher specializes; each kernel's default stages): at most 124 bytes in bf16 (the fast path), 836 (chunked) and
+#: 868 (wide, 3 stages) in fp32, whose products run on CUDA cores with their operands in registers
 SM90_CONFIGS = [(kernel, *config) for kernel in KERNELS
                 for config in (("1-shot bf16", 75, 80, 2, 256), ("5-shot bf16", 75, 100, 2, 256),
                                ("1-shot fp32", 75, 80, 0, 1024))]

@@ -1,7 +1,8 @@
 """The E-step engines: ``inner_steps`` Adam steps of every task's navigator on the CT loss (paper §3, Algorithm 1).
 
 The EM loop (:mod:`.em`) talks to an engine through :class:`Engine` only; ``putm.solver`` picks it
-(:mod:`.solvers`; ``auto``, the default, is ``compiled`` on CUDA and ``fused`` elsewhere):
+(:mod:`.solvers`; ``auto``, the default, is ``triton`` on sm_90 GPUs such as the H100, ``compiled`` on other CUDA
+devices and ``fused`` elsewhere):
 
 * :class:`FusedTrainer` (``fused``): :func:`.step.navigator_step` (hand-written backward of the navigator MLP
   and of the CT loss) into preallocated buffers, and one :class:`.adam.StackedAdam` update over the flat buffer

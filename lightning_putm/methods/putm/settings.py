@@ -57,8 +57,8 @@ class PUTMSettings(MethodOptions):
     canonical_query_order: bool = option(True, help="QR the queries in a fixed order (shuffle-invariant)")
     negative_slope: float = option(0.01, config=False, help="leaky-ReLU slope of the navigator (fixed)")
     solver: str = option("auto", choices=SOLVERS,
-                         help="auto = compiled on CUDA, fused elsewhere; triton = fused Triton kernels, the EM loop on "
-                              "the device (CUDA)")
+                         help="auto = triton on sm_90 GPUs (H100), compiled on other CUDA devices, fused elsewhere; "
+                              "triton = fused Triton kernels, the EM loop on the device (CUDA)")
     init_draw: str = option("cpu", choices=INIT_DRAWS, help="where the navigator's random draws are made")
     precision: str = option("auto", choices=PRECISIONS, help="navigator products: auto | fp32 | tf32 | bf16")
     early_stop_tol: float | None = option(None, low=0, null="off",

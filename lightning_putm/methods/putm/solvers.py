@@ -14,24 +14,34 @@ from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.methods.putm.settings import PUTMSettings
 
 
+#: CUDA compute capabilities (major) on which ``auto`` picks ``triton``: those a GPU run has shown faster than
+#: ``compiled`` and within the noise floor (an H100, sm_90, 2026-11-27: 959 against 365 tasks/s at T = 10,000,
+#: docs/gpu.md). Other GPUs keep ``compiled`` until ``benchmarks/gpu_check.sh`` has measured the kernel there.
+TRITON_AUTO_MAJORS = (9,)
+
+
 def resolve_solver(solver: str, device: torch.device) -> str:
-    """``auto`` → ``compiled`` on CUDA (CUDA graphs, compiled step), ``fused`` elsewhere; others unchanged.
+    """``auto`` → ``triton`` on the GPUs of :data:`TRITON_AUTO_MAJORS` (when triton is installed), ``compiled`` on
+    other CUDA devices, ``fused`` elsewhere; others unchanged.
 
-    On CPU ``fused`` stays the default: it is the bit-exact engine and ``compiled`` was not faster on a
-    2-core CPU (docs/gpu.md). ``auto`` does not pick ``triton``: on an H100 its first (chunked) kernel was accurate to
-    the noise floor but no faster than ``compiled`` (346 tasks/s at T = 10,000, docs/gpu.md), and its default wide
-    kernel has not been timed on a GPU yet. ``triton`` where it
-    cannot run (no CUDA device, no Triton interpreter) raises :class:`ConfigError`.
+    On CPU ``fused`` stays the default: it is the bit-exact engine and ``compiled`` was not faster on a 2-core CPU
+    (docs/gpu.md). On an H100 the fused Triton kernel solved 2.6x as many tasks per second as ``compiled`` with
+    the same agreement with the fp32 engine (docs/gpu.md); the kernel has not run on other GPU generations.
+    ``triton`` where it cannot run (no CUDA device, no Triton interpreter) raises :class:`ConfigError`.
     """
-    if solver == "triton":
-        from lightning_putm.methods.putm.triton_support import unavailable_reason
+    from lightning_putm.methods.putm.triton_support import unavailable_reason
 
+    if solver == "triton":
         reason = unavailable_reason(device)
         if reason is not None:
             raise ConfigError(reason)
     if solver != "auto":
         return solver
-    return "compiled" if device.type == "cuda" else "fused"
+    if device.type != "cuda":
+        return "fused"
+    if torch.cuda.get_device_capability(device)[0] in TRITON_AUTO_MAJORS and unavailable_reason(device) is None:
+        return "triton"
+    return "compiled"
 
 
 def make_trainer(navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype) -> Engine:
