@@ -551,6 +551,19 @@ def test_auto_picks_triton_only_where_a_gpu_run_measured_it(monkeypatch, capabil
     assert resolve_solver("compiled", cuda) == "compiled" and resolve_solver("fused", cuda) == "fused"
 
 
+def test_auto_on_a_cuda_device_without_a_driver_is_compiled(monkeypatch):
+    """Memory planning resolves the solver for a CUDA device before anything runs; where its capability cannot be
+    read (no driver), ``auto`` is ``compiled``, not an exception. Kills: the capability read unguarded (the chunk
+    size of a CUDA run planned on a machine without a driver would raise)."""
+    from lightning_putm.methods.putm.solvers import resolve_solver
+
+    def no_driver(device=None):
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", no_driver)
+    assert resolve_solver("auto", torch.device("cuda")) == "compiled"
+
+
 def test_unsupported_shape_falls_back_to_compiled_with_one_notice(monkeypatch):
     """Hidden width 24 (not a power of two): the ``compiled`` engine solves it, with one notice for any number of
     chunks. Kills: no fallback (the kernel cannot take the shape), a notice per chunk, a fallback with other

@@ -39,9 +39,18 @@ def resolve_solver(solver: str, device: torch.device) -> str:
         return solver
     if device.type != "cuda":
         return "fused"
-    if torch.cuda.get_device_capability(device)[0] in TRITON_AUTO_MAJORS and unavailable_reason(device) is None:
+    if cuda_major(device) in TRITON_AUTO_MAJORS and unavailable_reason(device) is None:
         return "triton"
     return "compiled"
+
+
+def cuda_major(device: torch.device) -> int | None:
+    """The compute capability's major number of a CUDA device, ``None`` where it cannot be read (no driver: a
+    CUDA device named on a machine without one, as memory planning does before anything runs)."""
+    try:
+        return torch.cuda.get_device_capability(device)[0]
+    except (RuntimeError, AssertionError):
+        return None
 
 
 def make_trainer(navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype) -> Engine:
