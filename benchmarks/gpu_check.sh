@@ -15,12 +15,12 @@
 #      pipeline stages), T = 1000, 50 EM steps each; when fast Adam beat the default, the fastest row once more
 #      with fast Adam                                                                 bench_putm.py --triton-*
 #   5. the fastest configuration of steps 2 and 4: tasks/s at T = 10000 (1 shot), at T = 1000 (+ the reference)
-#      and 10000 (5 shots), its cross-checks against the fp32 engine with the noise floor (1 and 5 shots), the
-#      reference at T = 10000 beside it (with a checkout), and 132 persistent programs
+#      and 10000 (5 shots), its cross-checks against the fp32 engine with the noise floor (1 and 5 shots); the
+#      default settings as a user gets them (solver=auto, basis=qr) at T = 1000 and 10000; the reference at
+#      T = 10000 beside the fastest configuration (with a checkout), and 132 persistent programs
 #                                                               bench_putm.py, crosscheck_putm.py --triton-*
-#   6. all CUDA-marked tests                                                  python -m pytest -m cuda
-#   7. the default solver (triton on sm_90, else compiled) at T = 1000 and 10000, --solver compiled, and the
-#      compiled engine's cross-check
+#   6. the other CUDA-marked tests (step 1 ran the kernel's)                  python -m pytest -m cuda
+#   7. --solver compiled at T = 1000 and 10000, and the compiled engine's cross-check
 #                                                                             bench_putm.py, crosscheck_putm.py
 #   8. WRN-28-10 S2M2 training throughput at 84x84: fp32, bf16-mixed + channels-last, and the same compiled
 #                                                                          benchmarks/bench_pretrain.py
@@ -263,8 +263,9 @@ if [[ -n "${RATE_OF[$FAST_ADAM]:-}" && -n "${RATE_OF[$DEFAULT_VARIANT]:-}" && $B
 fi
 KEEP=0
 # 5: the sweep's fastest configuration (the default if no row beat it) for the issue's numbers: T = 10,000 at 1 and
-#    5 shots (+ the reference at T = 1000, 5 shots), peak memory, its cross-checks against the fp32 engine, then the
-#    reference at T = 10,000 (the first thing a short slot drops: the H100's was measured on 2026-11-24)
+#    5 shots (+ the reference at T = 1000, 5 shots), peak memory, its cross-checks against the fp32 engine; the
+#    default settings end to end (solver=auto, the default basis=qr with its per-task QR); then the reference at
+#    T = 10,000 (the first thing a short slot drops: the H100's was measured on 2026-11-24 and 2026-11-27)
 variant_args "$BEST_VARIANT"
 BEST=("${TRITON[@]}" "${VARIANT_ARGS[@]}")
 BEST_NAME="$VARIANT_NAME"
@@ -276,16 +277,17 @@ for SHOTS in 1 5; do  # each precision's own pair tile (CHECK_ARGS)
     run_step "Triton (fastest: $BEST_NAME) vs fp32 engine, $SHOTS-shot" text "$PYTHON" benchmarks/crosscheck_putm.py \
         --device cuda --tasks 1000 --solver triton --shots "$SHOTS" "${CHECK_ARGS[@]}"
 done
+run_step "PUTM solver, default settings (solver=auto, basis=qr)" text "${BENCH[@]}" --sizes 1000 10000 "${BIG[@]}"
 if [[ -n "$REFERENCE" ]]; then  # the ratio at T = 10,000 in one table (ours runs again: a second measurement)
     run_step "PUTM reference and the fastest configuration ($BEST_NAME), T = 10000" text "${BEST[@]}" --sizes 10000 \
         "${BIG[@]}" "${REFERENCE_ARGS[@]}" --reference-max-tasks 10000
 fi
 run_step "Triton sweep, 132 persistent programs (fastest: $BEST_NAME)" text "${BEST[@]}" --sizes 1000 \
     --triton-programs 132
-# 6: every CUDA test
-run_step "CUDA-marked tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider
-# 7: the default solver (compiled), for the ratio in the same session
-run_step "PUTM solver, default" text "${BENCH[@]}" --sizes 1000 10000 "${BIG[@]}"
+# 6: every other CUDA test (step 1 ran the kernel's)
+run_step "CUDA-marked tests (besides step 1's)" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider \
+    --ignore=tests/test_putm_triton.py
+# 7: the compiled engine, for the ratio in the same session
 run_step "PUTM solver, --solver compiled" text "${BENCH[@]}" --sizes 1000 10000 --solver compiled
 if [[ -f benchmarks/crosscheck_putm.py ]]; then
     run_step "Compiled engine vs fp32 engine" text "$PYTHON" benchmarks/crosscheck_putm.py --device cuda --tasks 1000

@@ -288,7 +288,12 @@ def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path: Path) -> None:
     text = reports[0].read_text()
     assert text.startswith("# gpu_check: Fake GPU 80GB") and "- torch: 9.9 CUDA 99" in text
     assert "| PUTM solver, --solver compiled | FAILED (exit 3) |" in text and "compiled solver crashed" in text
-    assert "| CUDA-marked tests | passed |" in text and "4 passed" in text
+    assert "| CUDA-marked tests (besides step 1's) | passed |" in text and "4 passed" in text
+    assert "-m pytest -m cuda -q -p no:cacheprovider --ignore=tests/test_putm_triton.py`" in text  # step 1 ran them
+    # the default settings as a user gets them, timed beside the fastest configuration
+    assert "| PUTM solver, default settings (solver=auto, basis=qr) | passed |" in text
+    assert "`python3 benchmarks/bench_putm.py --device cuda --sizes 1000 10000 --stream-tasks 10000 " \
+           "--memory-budget-mb 32768` — passed" in text.replace(str(stub), "python3")
     # the kernel sweep's table: every row, the fastest first, a failed row without a rate
     sweep = text.split("## Triton kernel sweep")[1].split("\n\n")[2].splitlines()[2:]
     # approximate Adam (700) beat the default (600), so the fastest row (pair tiles of 64) ran with it too; a row
