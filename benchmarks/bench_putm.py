@@ -260,7 +260,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--solver", default="auto", choices=["auto", "compiled", "fused", "autograd", "triton"],
                         help="PUTM engine (auto = triton on sm_90 GPUs, compiled on other CUDA devices, fused elsewhere; "
                              "triton = the fused kernel)")
-    parser.add_argument("--basis", default="qr", choices=["qr", "cholesky"], help="PUTM per-task basis")
+    parser.add_argument("--basis", default="auto", choices=["auto", "qr", "cholesky"],
+                        help="PUTM per-task basis (auto = cholesky on CUDA, qr elsewhere)")
     add_triton_flags(parser)
     parser.add_argument("--early-stop-tol", type=float, default=None)
     parser.add_argument("--max-chunk-tasks", type=int, default=None, help="PUTM chunk cap (default: automatic)")
@@ -299,7 +300,9 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else (
         f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)")
+    from lightning_putm.methods.preprocessing import resolve_basis
     from lightning_putm.methods.putm import PUTM, resolve_precision
+    from lightning_putm.methods.putm.solvers import resolve_solver
 
     precision = resolve_precision(args.precision, device)
     if args.peak_gflops is not None:
@@ -314,8 +317,9 @@ def main(argv: list[str] | None = None) -> None:
     basis = "measured" if args.em_steps == EM_STEPS else f"extrap. {args.em_steps} EM"
     print(f"PUTM solver, {args.ways}-way {args.shots}-shot, {args.queries} queries, d={args.dim}, "
           f"{'balanced' if args.balanced else 'Dirichlet alpha=2'} settings, {EM_STEPS} EM x {defaults.inner_steps} Adam "
-          f"steps; ours: solver={args.solver} precision={args.precision} basis={args.basis}"
-          + (f" (= {precision} here)" if precision != args.precision else "")
+          f"steps; ours: {resolved('solver', args.solver, resolve_solver(args.solver, device))} "
+          f"{resolved('precision', args.precision, precision)} "
+          f"{resolved('basis', args.basis, resolve_basis(args.basis, device))}"
           + (f" early_stop_tol={args.early_stop_tol:g}" if args.early_stop_tol is not None else ""))
     print(f"device: {device_name}; torch {torch.__version__}; memory budget {args.memory_budget_mb:g} MB; "
           f"{flops / 1e9:.1f} GFLOP per task; device peak {peak:,.0f} GFLOP/s ({source})")
@@ -349,6 +353,11 @@ def main(argv: list[str] | None = None) -> None:
                   f"{args.reference_max_tasks})", flush=True)
     if failures:
         raise SystemExit("; ".join(failures))
+
+
+def resolved(key: str, asked: str, used: str) -> str:
+    """``key=asked``, and what it resolved to on this device when that differs (``precision=auto (= bf16 here)``)."""
+    return f"{key}={asked}" + (f" (= {used} here)" if used != asked else "")
 
 
 def print_row(device: torch.device, name: str, size: int, result: dict, scale: float,

@@ -16,7 +16,7 @@
 #      with fast Adam                                                                 bench_putm.py --triton-*
 #   5. the fastest configuration of steps 2 and 4: tasks/s at T = 10000 (1 shot), at T = 1000 (+ the reference)
 #      and 10000 (5 shots), its cross-checks against the fp32 engine with the noise floor (1 and 5 shots); the
-#      default settings as a user gets them (solver=auto, basis=qr) at T = 1000 and 10000; the reference at
+#      default settings as a user gets them (solver=auto, basis=auto) at T = 1000 and 10000; the reference at
 #      T = 10000 beside the fastest configuration (with a checkout), and 132 persistent programs
 #                                                               bench_putm.py, crosscheck_putm.py --triton-*
 #   6. the other CUDA-marked tests (step 1 ran the kernel's)                  python -m pytest -m cuda
@@ -264,7 +264,7 @@ fi
 KEEP=0
 # 5: the sweep's fastest configuration (the default if no row beat it) for the issue's numbers: T = 10,000 at 1 and
 #    5 shots (+ the reference at T = 1000, 5 shots), peak memory, its cross-checks against the fp32 engine; the
-#    default settings end to end (solver=auto, the default basis=qr with its per-task QR); then the reference at
+#    default settings end to end (solver=auto, basis=auto: no flags); then the reference at
 #    T = 10,000 (the first thing a short slot drops: the H100's was measured on 2026-11-24 and 2026-11-27)
 variant_args "$BEST_VARIANT"
 BEST=("${TRITON[@]}" "${VARIANT_ARGS[@]}")
@@ -277,7 +277,7 @@ for SHOTS in 1 5; do  # each precision's own pair tile (CHECK_ARGS)
     run_step "Triton (fastest: $BEST_NAME) vs fp32 engine, $SHOTS-shot" text "$PYTHON" benchmarks/crosscheck_putm.py \
         --device cuda --tasks 1000 --solver triton --shots "$SHOTS" "${CHECK_ARGS[@]}"
 done
-run_step "PUTM solver, default settings (solver=auto, basis=qr)" text "${BENCH[@]}" --sizes 1000 10000 "${BIG[@]}"
+run_step "PUTM solver, default settings (solver=auto, basis=auto)" text "${BENCH[@]}" --sizes 1000 10000 "${BIG[@]}"
 if [[ -n "$REFERENCE" ]]; then  # the ratio at T = 10,000 in one table (ours runs again: a second measurement)
     run_step "PUTM reference and the fastest configuration ($BEST_NAME), T = 10000" text "${BEST[@]}" --sizes 10000 \
         "${BIG[@]}" "${REFERENCE_ARGS[@]}" --reference-max-tasks 10000

@@ -291,7 +291,7 @@ def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path: Path) -> None:
     assert "| CUDA-marked tests (besides step 1's) | passed |" in text and "4 passed" in text
     assert "-m pytest -m cuda -q -p no:cacheprovider --ignore=tests/test_putm_triton.py`" in text  # step 1 ran them
     # the default settings as a user gets them, timed beside the fastest configuration
-    assert "| PUTM solver, default settings (solver=auto, basis=qr) | passed |" in text
+    assert "| PUTM solver, default settings (solver=auto, basis=auto) | passed |" in text
     assert "`python3 benchmarks/bench_putm.py --device cuda --sizes 1000 10000 --stream-tasks 10000 " \
            "--memory-budget-mb 32768` — passed" in text.replace(str(stub), "python3")
     # the kernel sweep's table: every row, the fastest first, a failed row without a rate

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 from conftest import make_clustered_features
 from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.errors import ConfigError, FeatureError
+from lightning_putm.methods import putm as putm_module
 from lightning_putm.methods.preprocessing import (cholesky_reduce, l2_normalise, power_transform, qr_reduce,
-                                                  reduce_basis)
+                                                  reduce_basis, resolve_basis)
 from lightning_putm.methods.putm import PUTM
 
 FAST = dict(em_steps=4, inner_steps=5, cpu_workers=1)
@@ -85,10 +88,12 @@ def test_more_rows_than_dimensions_uses_qr_with_width_d():
     assert torch.equal(coords, qr_reduce(x))
 
 
-def test_qr_basis_is_the_default_and_unchanged():
+def test_the_default_basis_is_qr_on_cpu_and_unchanged():
+    """``basis=auto`` (the default) on CPU is the QR of the published numbers, bit for bit. Kills: auto resolved to
+    cholesky off CUDA (CPU results would change)."""
     gathered = make_tasks(dim=64, tasks=2)
     putm = PUTM(shots=1, balanced=False, **FAST)
-    assert putm.settings.basis == "qr"
+    assert putm.settings.basis == "auto"
     x = torch.cat([gathered.batch.support, gathered.batch.query], dim=1)
     expected = l2_normalise(qr_reduce(power_transform(x, 0.6)))
     assert torch.equal(putm.preprocess(gathered.batch), expected)
@@ -107,8 +112,37 @@ def test_cholesky_basis_gives_the_same_putm_predictions_on_small_tasks():
     assert torch.allclose(a, b, atol=1e-4)
 
 
+def test_auto_basis_is_cholesky_on_cuda_and_falls_back_to_qr_silently(monkeypatch):
+    """``auto`` → ``cholesky`` on CUDA (one batched call instead of a QR launch per task), ``qr`` elsewhere; named
+    bases stay. PUTM resolves it for the rows' device, and when ``auto``'s Cholesky falls back to QR (here n = 45
+    rows > d = 16: every task) it says nothing, for the result is the QR the user would otherwise get; a
+    ``basis=cholesky`` asked for by name still warns. Kills: auto resolved without the device, a fallback warning
+    for a basis the user did not choose, the named basis's warning lost."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert (resolve_basis("auto", cuda), resolve_basis("auto", cpu)) == ("cholesky", "qr")
+    assert resolve_basis("qr", cuda) == "qr" and resolve_basis("cholesky", cpu) == "cholesky"
+    asked = []
+    monkeypatch.setattr(putm_module, "resolve_basis",
+                        lambda basis, device: asked.append(device) or resolve_basis(basis, cuda))  # as on a GPU
+    gathered = make_tasks(dim=16, tasks=2)
+    x = power_transform(torch.cat([gathered.batch.support, gathered.batch.query], dim=1), 0.6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rows = PUTM(shots=1, balanced=False, **FAST).preprocess(gathered.batch)
+    assert asked == [torch.device("cpu")]
+    assert torch.equal(rows, l2_normalise(qr_reduce(x)))
+    with pytest.warns(UserWarning, match=r"basis=cholesky fell back to QR for 2 of 2 tasks"):
+        PUTM(shots=1, balanced=False, basis="cholesky", **FAST).preprocess(gathered.batch)
+    # the device asked is the rows' own (rows on the meta device here, stopped right after the question)
+    monkeypatch.setattr(putm_module, "power_transform", lambda x, beta, name: x.to("meta"))
+    monkeypatch.setattr(putm_module, "resolve_basis", lambda basis, device: asked.append(device) or 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        PUTM(shots=1, balanced=False, **FAST).preprocess(gathered.batch)
+    assert asked[-1] == torch.device("meta")
+
+
 def test_an_unknown_basis_is_refused_with_the_key():
-    with pytest.raises(ConfigError, match=r"putm.basis must be one of qr, cholesky; got 'lu'"):
+    with pytest.raises(ConfigError, match=r"putm.basis must be one of auto, qr, cholesky; got 'lu'"):
         PUTM(shots=1, balanced=False, basis="lu")
     with pytest.raises(ValueError, match="basis must be one of"):
         reduce_basis(torch.rand(1, 3, 4), "lu")

@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lightning_putm.methods.preprocessing import (check_power_transform_input, l2_normalise, power_transform,
-                                                  reduce_basis)
+                                                  reduce_basis, resolve_basis)
 from lightning_putm.methods.putm.em import EMStep, em_loop
 from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.methods.putm.plumbing import ChunkedSolver
@@ -62,10 +62,12 @@ class PUTM(ChunkedSolver):
 
     def preprocess(self, tasks: TaskBatch) -> torch.Tensor:
         """Rows ``[T, S+Q, m]`` (§3.1): power transform, per-task basis (``basis``: QR, or the sign-equivalent
-        Cholesky factor of the Gram matrix, :mod:`..preprocessing`), L2 normalisation."""
+        Cholesky factor of the Gram matrix, :mod:`..preprocessing`; ``auto``: :func:`resolve_basis`), L2
+        normalisation."""
         x = torch.cat([tasks.support, tasks.query], dim=1)
         x = power_transform(x, self.settings.beta, self.name)
-        coords, _ = reduce_basis(x, self.settings.basis, self.name)
+        basis = resolve_basis(self.settings.basis, x.device)
+        coords, _ = reduce_basis(x, basis, self.name, warn=self.settings.basis != "auto")
         return l2_normalise(coords)
 
     def solve_tasks(self, tasks: TaskBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

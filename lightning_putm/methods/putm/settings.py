@@ -19,7 +19,7 @@ from lightning_putm.methods.putm.precision import PRECISIONS
 PROTOTYPE_UPDATES = ("forward", "backward", "mixed")
 SOLVERS = ("auto", "compiled", "fused", "autograd", "triton")
 INIT_DRAWS = ("cpu", "device")
-BASES = ("qr", "cholesky")
+BASES = ("auto", "qr", "cholesky")
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,8 @@ class PUTMSettings(MethodOptions):
     max_chunk_tasks: int | None = option(None, low=1, null="automatic", help="cap on tasks per chunk")
     cpu_workers: int | None = option(None, low=1, null="automatic",
                                      help="CPU threads solving parts of a chunk concurrently")
-    basis: str = option("qr", choices=BASES, help="per-task frame of the rows: qr | cholesky")
+    basis: str = option("auto", choices=BASES,
+                        help="per-task frame of the rows: auto = cholesky on CUDA, qr elsewhere | qr | cholesky")
 
     def resolve(self, *, shots: int | None, balanced: bool | None) -> PUTMSettings:
         """``rho``/``theta``/``inertia`` of ``None`` take the reference's value for the setting (balanced or
