@@ -190,7 +190,7 @@ def test_auto_is_fused_on_cpu_and_compiled_on_cuda(monkeypatch):
 
     monkeypatch.setattr("lightning_putm.methods.putm.solvers.CompiledTrainer", Recorder)
     monkeypatch.setattr("lightning_putm.methods.putm.solvers.resolve_solver",
-                        lambda solver, device: resolve_solver(solver, torch.device("cuda")))
+                        lambda solver, device, precision: resolve_solver(solver, torch.device("cuda"), precision))
     assert isinstance(make_trainer(navigator_for(2), settings, torch.float32), CompiledTrainer)
     assert made == {"solver": "compiled"}
 

@@ -534,8 +534,9 @@ def test_a_launch_has_the_configured_number_of_programs(monkeypatch, programs, g
 def test_auto_picks_triton_only_where_a_gpu_run_measured_it(monkeypatch, capability, installed, expected):
     """``auto`` on CUDA: the fused kernel on an sm_90 GPU (the H100 measured it 2.6x faster than ``compiled``, at
     the noise floor), ``compiled`` on GPUs where it has not run and wherever triton is missing; ``fused`` on CPU
-    whatever the GPUs. Kills: auto left at compiled, auto picking triton on an unmeasured GPU or without triton
-    (a ConfigError instead of a run), the capability of another device asked."""
+    whatever the GPUs; ``compiled`` for TF32 products, which the kernel has not been checked in on a GPU. Kills:
+    auto left at compiled, auto picking triton on an unmeasured GPU, in TF32 or without triton (a ConfigError
+    instead of a run), the capability of another device asked."""
     from lightning_putm.methods.putm import triton_support
     from lightning_putm.methods.putm.solvers import resolve_solver
 
@@ -547,8 +548,12 @@ def test_auto_picks_triton_only_where_a_gpu_run_measured_it(monkeypatch, capabil
     cuda = torch.device("cuda", 1)
     assert resolve_solver("auto", cuda) == expected
     assert asked == [cuda]
+    asked.clear()
     assert resolve_solver("auto", torch.device("cpu")) == "fused"
     assert resolve_solver("compiled", cuda) == "compiled" and resolve_solver("fused", cuda) == "fused"
+    # TF32 products: never checked on a GPU, so auto keeps them on the compiled engine; bf16 and fp32 were
+    assert resolve_solver("auto", cuda, "tf32") == "compiled"
+    assert resolve_solver("auto", cuda, "fp32") == resolve_solver("auto", cuda, "bf16") == expected
 
 
 def test_auto_on_a_cuda_device_without_a_driver_is_compiled(monkeypatch):

@@ -40,7 +40,8 @@ class ChunkedSolver(FewShotMethod):
         m = min(tasks.dim, n)
         pairs = tasks.num_queries * tasks.ways
         hidden = sum(self.settings.hidden)
-        if resolve_solver(self.settings.solver, tasks.support.device) in ("fused", "compiled", "triton"):
+        if resolve_solver(self.settings.solver, tasks.support.device, self.settings.precision) in (
+                "fused", "compiled", "triton"):
             # squared differences, activations and their gradients, padded output + its gradient, and the
             # CT head; flat parameters, gradients and two Adam moments (+ the Adam denominator)
             params = Navigator.numel([m, *self.settings.hidden, 1], 1)

@@ -20,9 +20,10 @@ from lightning_putm.methods.putm.settings import PUTMSettings
 TRITON_AUTO_MAJORS = (9,)
 
 
-def resolve_solver(solver: str, device: torch.device) -> str:
-    """``auto`` → ``triton`` on the GPUs of :data:`TRITON_AUTO_MAJORS` (when triton is installed), ``compiled`` on
-    other CUDA devices, ``fused`` elsewhere; others unchanged.
+def resolve_solver(solver: str, device: torch.device, precision: str = "auto") -> str:
+    """``auto`` → ``triton`` on the GPUs of :data:`TRITON_AUTO_MAJORS` (when triton is installed and ``precision``
+    is not ``tf32``, the one precision the kernel has not been checked in on a GPU), ``compiled`` on other CUDA
+    devices, ``fused`` elsewhere; others unchanged.
 
     On CPU ``fused`` stays the default: it is the bit-exact engine and ``compiled`` was not faster on a 2-core CPU
     (docs/gpu.md). On an H100 the fused Triton kernel solved 2.6x as many tasks per second as ``compiled`` with
@@ -39,7 +40,7 @@ def resolve_solver(solver: str, device: torch.device) -> str:
         return solver
     if device.type != "cuda":
         return "fused"
-    if cuda_major(device) in TRITON_AUTO_MAJORS and unavailable_reason(device) is None:
+    if precision != "tf32" and cuda_major(device) in TRITON_AUTO_MAJORS and unavailable_reason(device) is None:
         return "triton"
     return "compiled"
 
@@ -55,7 +56,8 @@ def cuda_major(device: torch.device) -> int | None:
 
 def make_trainer(navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype) -> Engine:
     """The E-step engine chosen by ``settings.solver`` (``auto`` resolved for the navigator's device)."""
-    settings = dataclasses.replace(settings, solver=resolve_solver(settings.solver, navigator.flat.device))
+    settings = dataclasses.replace(settings, solver=resolve_solver(settings.solver, navigator.flat.device,
+                                                                   settings.precision))
     if settings.solver == "compiled":
         return CompiledTrainer(navigator, settings, compute_dtype)
     if settings.solver == "triton":
