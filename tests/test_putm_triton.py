@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -567,6 +568,95 @@ def test_auto_on_a_cuda_device_without_a_driver_is_compiled(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", no_driver)
     assert resolve_solver("auto", torch.device("cuda")) == "compiled"
+
+
+class BrokenKernel:
+    """Stands in for a Triton kernel that cannot be built or launched on this machine (an old driver, a triton
+    that cannot compile it): each launch records the ``active`` flags it was given, then raises."""
+
+    def __init__(self, active_argument: int) -> None:
+        self.active_argument, self.launches = active_argument, []
+
+    def __getitem__(self, grid):
+        def launch(*arguments, **options):
+            self.launches.append(arguments[self.active_argument].clone())
+            raise RuntimeError("PTX JIT compilation failed: the driver is too old\nsecond line")
+        return launch
+
+
+class NoOpKernel(BrokenKernel):
+    """A kernel launch that builds and returns (every task inactive: nothing to do)."""
+
+    def __getitem__(self, grid):
+        return lambda *arguments, **options: self.launches.append(arguments[self.active_argument].clone())
+
+
+@pytest.mark.parametrize("path", ["E-steps", "whole EM loop, E-step kernel", "whole EM loop, M-step kernel"])
+def test_an_auto_chosen_kernel_that_cannot_run_hands_over_to_compiled_before_any_work(monkeypatch, path):
+    """``solver=auto`` picked the kernel; on a machine where it cannot be built or launched, the ``compiled`` engine
+    solves instead, with one notice naming the error, and the same results as ``compiled`` alone: the kernels
+    are first launched with every task inactive, so nothing has changed when one fails. Asked for by name
+    (``solver=triton``) the error is raised. Kills: no fallback (the default path would crash where the previous
+    default ran), a probe with the tasks active (a half-run state handed over), the tasks still to solve not
+    handed to the compiled engine, a fallback for an explicit ``solver=triton``, a notice per chunk."""
+    from lightning_putm.methods.putm import triton_em, triton_engine
+    from lightning_putm.methods.putm.compiled import CompiledTrainer
+    from lightning_putm.methods.putm.triton_engine import TritonTrainer
+
+    monkeypatch.setattr(triton_engine, "_NOTICED", set())
+    e_step = (NoOpKernel if path.endswith("M-step kernel") else BrokenKernel)(6)  # arguments[6]: active
+    m_step = BrokenKernel(6)
+    monkeypatch.setattr(triton_engine, "kernel_function", lambda name: e_step)
+    monkeypatch.setattr(triton_em, "m_step_kernel", m_step)
+    fused, auto = engines(3, 12, torch.float32, inner_steps=2)  # identical navigators
+    auto.fall_back_on_error = True  # as make_trainer builds it for solver=auto
+    query, prototypes = rows(3, 7, 12, 8), rows(3, 5, 12, 9)
+    live = torch.tensor([True, False, True])
+
+    def solve(engine):
+        engine.keep_only(live)
+        if path == "E-steps":
+            return engine.run(query, prototypes, 5)
+        support = rows(3, 5, 12, 7)
+        return engine.whole_em_loop(torch.cat([support, query], dim=1), torch.eye(5).repeat(3, 1, 1), prototypes, 5)
+
+    before = auto.navigator.flat.clone()
+    with pytest.warns(RuntimeWarning, match=r"solver=auto: the fused Triton kernel could not run on this machine "
+                                            r"\(RuntimeError: PTX JIT compilation failed: the driver is too old\)"):
+        got = solve(auto)
+    launched = e_step.launches + m_step.launches
+    assert launched and all(not bool(active.any()) for active in launched)  # only ever with every task inactive
+    assert isinstance(auto.delegate, CompiledTrainer) and auto.steps == 0
+    assert torch.equal(auto.active, live.to(torch.int8))
+    if path == "E-steps":
+        expected = CompiledTrainer(fused.navigator, fused.settings, torch.float32)
+        expected.keep_only(live)
+        want = expected.run(query, prototypes, 5)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    else:
+        assert got is None  # the host-side loop runs, its E-steps on the compiled engine
+        assert torch.equal(auto.navigator.flat, before)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one notice per process and error
+        second = TritonTrainer(auto.navigator, fused.settings, torch.float32, fall_back_on_error=True)
+        solve(second)
+    explicit = TritonTrainer(auto.navigator, fused.settings, torch.float32)
+    with pytest.raises(RuntimeError, match="PTX JIT compilation failed"):
+        solve(explicit)
+
+
+@pytest.mark.parametrize("asked,falls_back", [("auto", True), ("triton", False)])
+def test_only_a_kernel_auto_chose_may_hand_over_on_an_error(monkeypatch, asked, falls_back):
+    """make_trainer builds the kernel's engine with the hand-over of the test above only when ``auto`` chose it.
+    Kills: the hand-over never enabled (auto's default path would crash), or enabled for ``solver=triton``
+    (the error a user asked to see hidden behind the compiled engine)."""
+    from lightning_putm.methods.putm import PUTMSettings, solvers
+    from lightning_putm.methods.putm.triton_engine import TritonTrainer
+
+    monkeypatch.setattr(solvers, "resolve_solver", lambda solver, device, precision: "triton")  # as on an H100
+    fused, _ = engines(2, 12, torch.float32)
+    trainer = solvers.make_trainer(fused.navigator, PUTMSettings(solver=asked), torch.float32)
+    assert isinstance(trainer, TritonTrainer) and trainer.fall_back_on_error is falls_back
 
 
 def test_unsupported_shape_falls_back_to_compiled_with_one_notice(monkeypatch):

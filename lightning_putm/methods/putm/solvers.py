@@ -56,6 +56,7 @@ def cuda_major(device: torch.device) -> int | None:
 
 def make_trainer(navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype) -> Engine:
     """The E-step engine chosen by ``settings.solver`` (``auto`` resolved for the navigator's device)."""
+    chosen = settings.solver
     settings = dataclasses.replace(settings, solver=resolve_solver(settings.solver, navigator.flat.device,
                                                                    settings.precision))
     if settings.solver == "compiled":
@@ -63,6 +64,6 @@ def make_trainer(navigator: Navigator, settings: PUTMSettings, compute_dtype: to
     if settings.solver == "triton":
         from lightning_putm.methods.putm.triton_engine import TritonTrainer  # imports triton on first use
 
-        return TritonTrainer(navigator, settings, compute_dtype)
+        return TritonTrainer(navigator, settings, compute_dtype, fall_back_on_error=chosen == "auto")
     trainer_class = FusedTrainer if settings.solver == "fused" else AutogradTrainer
     return trainer_class(navigator, settings, compute_dtype)

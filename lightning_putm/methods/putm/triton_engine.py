@@ -178,9 +178,14 @@ class TritonTrainer(Engine):
     fixed_batch = True
 
     def __init__(self, navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype,
-                 config: KernelConfig | None = None) -> None:
+                 config: KernelConfig | None = None, fall_back_on_error: bool = False) -> None:
         self.navigator, self.settings, self.compute_dtype = navigator, settings, compute_dtype
         self.config = DEFAULT_CONFIG if config is None else config
+        #: ``solver=auto`` chose this engine: if its kernels fail to build or launch on this machine (an old
+        #: driver, a triton that cannot compile them), the ``compiled`` engine takes over with one notice, before
+        #: any state has changed (:meth:`probe`). ``solver=triton`` asked by name raises instead.
+        self.fall_back_on_error = fall_back_on_error
+        self._probed = False
         self.exp_avg = torch.zeros_like(navigator.flat)
         self.exp_avg_sq = torch.zeros_like(navigator.flat)
         #: Adam steps taken since the last re-draw (all tasks share it, like :class:`.adam.StackedAdam`).
@@ -223,6 +228,11 @@ class TritonTrainer(Engine):
         query = rows[:, num_support:].contiguous()
         prototypes = prototypes.clone().contiguous()
         cost = pair_costs(query, prototypes)
+        if not self.probe(query, prototypes, cost, lambda forward, backward, inactive: launch_m_step(
+                rows, support_weights, forward, backward, prototypes.clone(), cost.clone(), inactive,
+                torch.zeros_like(inactive), torch.zeros(len(rows), dtype=torch.int32, device=rows.device), 0,
+                s.inertia, s.rho, s.early_stop_tol, s.prototype_update)):
+            return None  # the compiled engine runs the E-steps of the host-side loop
         self.keep_only(torch.ones(len(rows), dtype=torch.bool, device=rows.device))
         final = torch.zeros_like(self.active)  # 1: the next E-step is the task's final one (early stopping)
         em_steps = torch.full((len(rows),), s.em_steps, dtype=torch.int32, device=rows.device)
@@ -265,18 +275,45 @@ class TritonTrainer(Engine):
         if reason is not None:
             return self.fall_back(reason).run(query, prototypes, ways)
         cost = pair_costs(query, prototypes)
+        if not self.probe(query.contiguous(), prototypes.contiguous(), cost):
+            return self.delegate.run(query, prototypes, ways)  # type: ignore[union-attr]
         forward, backward = self.launch(query.contiguous(), prototypes.contiguous(), cost)
         self.steps += self.settings.inner_steps
         return forward.clone(), backward.clone()
 
-    def fall_back(self, reason: str) -> Engine:
-        """The ``compiled`` engine on the same navigator, with one notice (only before the first Adam step)."""
+    def probe(self, query: torch.Tensor, prototypes: torch.Tensor, cost: torch.Tensor,
+              m_step: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None) -> bool:
+        """Whether the kernels run here. With :attr:`fall_back_on_error`, before the first real launch, the E-step
+        kernel (and ``m_step(forward, backward, active)``, the M-step kernel's launch) is built and launched once
+        with every task inactive: each program returns at once and nothing changes. An error then falls back to
+        the ``compiled`` engine with one notice and gives ``False``. Without it, ``True`` (an error surfaces at the
+        first launch)."""
+        if not self.fall_back_on_error or self._probed:
+            return True
+        active, self.active = self.active, torch.zeros_like(self.active)
+        try:
+            forward, backward = self.launch(query, prototypes, cost)
+            if m_step is not None:
+                m_step(forward, backward, self.active)
+        except Exception as error:  # a build or launch failure: nothing ran, so the compiled engine can start over
+            self.active = active  # the tasks that still need results, which the compiled engine takes over
+            text = str(error).strip()
+            self.fall_back(f"{type(error).__name__}: {text.splitlines()[0] if text else ''}", failed=True)
+            return False
+        self.active = active
+        self._probed = True
+        return True
+
+    def fall_back(self, reason: str, failed: bool = False) -> Engine:
+        """The ``compiled`` engine on the same navigator, with one notice (only before the first Adam step);
+        ``failed``: the kernels could not run here (``reason``: the error), else the shape is one they do not
+        handle."""
         from lightning_putm.methods.putm.compiled import CompiledTrainer
 
         if self.steps:
             raise RuntimeError(f"putm solver=triton: the shape changed mid-run to one the kernel does not handle "
                                f"({reason})")
-        notice(reason)
+        notice(reason, failed)
         self.delegate = CompiledTrainer(self.navigator, self.settings, self.compute_dtype)
         if not bool(self.active.all()):
             self.delegate.keep_only(self.active.bool())
@@ -365,9 +402,14 @@ def pair_costs(query: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
 _NOTICED: set[str] = set()
 
 
-def notice(reason: str) -> None:
-    """One warning per distinct reason and process when a chunk falls back to the ``compiled`` engine."""
+def notice(reason: str, failed: bool = False) -> None:
+    """One warning per distinct reason and process when a chunk falls back to the ``compiled`` engine (``failed``:
+    the kernels could not be built or launched on this machine, when ``solver=auto`` chose them)."""
     if reason not in _NOTICED:
         _NOTICED.add(reason)
-        warnings.warn(f"putm solver=triton: the fused kernel does not handle {reason}; using solver=compiled for "
-                      "it", RuntimeWarning, stacklevel=4)
+        if failed:
+            message = (f"putm solver=auto: the fused Triton kernel could not run on this machine ({reason}); using "
+                       "solver=compiled (method.putm.solver=compiled skips the attempt, solver=triton shows the error)")
+        else:
+            message = f"putm solver=triton: the fused kernel does not handle {reason}; using solver=compiled for it"
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
