@@ -422,11 +422,12 @@ def test_em_loop_on_the_device_matches_the_host_loop(interpreted, case):
 #: precisions at their default stages (the wide kernel's loops software-pipelined in 3 stages: asynchronous copies
 #: of scratch rows the program wrote itself, which the interpreter does not have), the wide kernel's approximate
 #: Adam (the interpreter computes it exactly, so only a GPU can check it), its registers capped at 128 (spilled
-#: registers), and 1 and 2 stages
+#: registers), 1 and 2 stages, and TF32 products (``precision=tf32``: not yet checked on a GPU, so ``solver=auto``
+#: keeps TF32 on the compiled engine until this case has passed there)
 CUDA_CASES = [("wide", "fp32", True, None, None), ("wide", "bf16", True, None, None),
               ("chunked", "fp32", True, None, None), ("chunked", "bf16", True, None, None),
               ("wide", "bf16", False, None, None), ("wide", "bf16", True, 128, None), ("wide", "bf16", True, None, 1),
-              ("wide", "bf16", True, None, 2)]
+              ("wide", "bf16", True, None, 2), ("wide", "tf32", True, None, None)]
 
 
 @pytest.mark.cuda
@@ -442,8 +443,11 @@ def test_compiled_kernel_on_cuda_matches_the_fused_engine(kernel, precision, exa
 
     monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(
         kernel=kernel, exact_adam=exact_adam, max_registers=max_registers, num_stages=num_stages))
-    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
-    gradients = one_step_gradients(75, 80, dtype, "cuda", tasks=8)
+    from lightning_putm.methods.putm.precision import matmul_precision
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    with matmul_precision(precision, torch.device("cuda")):  # tf32: both engines' float32 products in TF32
+        gradients = one_step_gradients(75, 80, dtype, "cuda", tasks=8)
     assert relative(gradients["triton"], gradients["fused"]) < (1e-4 if precision == "fp32" else 1e-2)
     result = putm_predictions(1, {**FAST, "precision": precision}, tasks=8, device="cuda", noise_floor=True)
     fused, triton, nudged = result["fused"], result["triton"], result["fused_nudged"]
@@ -467,6 +471,27 @@ def test_compiled_kernel_on_cuda_matches_the_fused_engine(kernel, precision, exa
     # tiny gradient's sign moves a weight by 2·lr), and the message gives every number.
     assert difference.max().item() < (0.05 if precision == "fp32" else 0.2) * signal + 4 * floor, report
     assert (triton.argmax(2) == fused.argmax(2)).double().mean() >= 0.95, report
+
+
+@pytest.mark.cuda
+def test_auto_on_an_sm90_gpu_is_the_kernel_bit_for_bit():
+    """On an sm_90 GPU ``solver=auto`` is the kernel, and its hand-over probe (each kernel launched once with every
+    task inactive before any work) changes nothing: the same probabilities as ``solver=triton``, bit for bit. Kills:
+    a probe that moves a navigator, an Adam moment or a prototype (a program that does not return at once for an
+    inactive task)."""
+    from lightning_putm.methods.putm import PUTM
+    from lightning_putm.methods.putm.solvers import resolve_solver
+
+    if resolve_solver("auto", torch.device("cuda")) != "triton":
+        pytest.skip("solver=auto is not the kernel on this GPU (it is on sm_90: H100, H200)")
+    from conftest import make_clustered_features
+    from lightning_putm.data.episodes import sample_episode_bank
+
+    features = make_clustered_features(classes=8, per_class=50, dim=32, spread=0.35, seed=0)
+    batch = sample_episode_bank(features.labels, 5, 1, 15, 2.0, 8, 0).gather(features.features,
+                                                                             torch.device("cuda")).batch
+    auto = PUTM(shots=1, balanced=False, **FAST).predict(batch)
+    assert torch.equal(auto, PUTM(shots=1, balanced=False, solver="triton", **FAST).predict(batch))
 
 
 @pytest.mark.cuda
