@@ -32,16 +32,17 @@ def _in_main_thread() -> bool:
 
 
 @contextlib.contextmanager
-def signals_deferred(signums: tuple[int, ...] = DEFERRED_SIGNALS) -> Iterator[None]:
-    """Hold ``signums`` back until the block ends, then deliver each one received to the handler in place before.
+def signals_recorded(signums: tuple[int, ...] = DEFERRED_SIGNALS) -> Iterator[list[int]]:
+    """Within the block ``signums`` are recorded, not acted on: the block gets the list of those received, in order
+    of arrival, and the handlers in place before are back after it (the caller decides what a received one means).
 
-    A write in another thread needs nothing: signals interrupt the main thread only. A handler installed outside
-    Python (``signal.getsignal`` gives None) cannot be put back, so that signal is not deferred.
+    Outside the main thread nothing is recorded (signals interrupt the main thread only). A handler installed
+    outside Python (``signal.getsignal`` gives None) cannot be put back, so that signal is left alone.
     """
-    if not _in_main_thread():
-        yield
-        return
     received: list[int] = []
+    if not _in_main_thread():
+        yield received
+        return
 
     def record(signum: int, _frame: Any) -> None:
         received.append(signum)
@@ -53,10 +54,21 @@ def signals_deferred(signums: tuple[int, ...] = DEFERRED_SIGNALS) -> Iterator[No
             if handler is not None:
                 previous[signum] = handler
                 signal.signal(signum, record)
-        yield
+        yield received
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def signals_deferred(signums: tuple[int, ...] = DEFERRED_SIGNALS) -> Iterator[None]:
+    """Hold ``signums`` back until the block ends, then deliver each one received to the handler in place before
+    (:func:`signals_recorded`). A write in another thread needs nothing: signals interrupt the main thread only."""
+    received: list[int] = []
+    try:
+        with signals_recorded(signums) as received:
+            yield
+    finally:
         for signum in dict.fromkeys(received):  # once each, in order of arrival
             signal.raise_signal(signum)  # the restored handler runs now: KeyboardInterrupt, Lightning's flag, ...
 

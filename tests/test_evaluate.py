@@ -146,6 +146,49 @@ def test_sigterm_stops_a_long_evaluation_promptly(tmp_path):
     assert not (tmp_path / "results.csv").exists()
 
 
+class WandbLogger:
+    """Stands in for Lightning's W&B logger (``finish_logger`` goes by the class name): its run's finish receives a
+    SIGTERM halfway, as a scheduler's time limit in the run's last second would send it."""
+
+    def __init__(self) -> None:
+        self.finished = False
+        self.experiment = self
+
+    def finish(self) -> None:
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGTERM)
+        self.finished = True
+
+
+def test_a_sigterm_while_the_logger_closes_waits_for_it_then_stops_with_one_line(tmp_path):
+    """After the test loop Lightning has put back the default SIGTERM handler: a SIGTERM then killed the process on
+    the spot (exit 143, no line, the W&B run unfinished) although every result was on disk. Now the logger closes
+    first, then the command stops with a line naming the folder, and the handler is the one in place before.
+    Kills: no handler around the close (the signal reaches the handler in place: recorded here as leaked), the
+    signal swallowed (no error, exit 0), the previous handler not restored."""
+    import signal
+
+    from lightning_putm.jobs.evaluate import close_logger
+
+    leaked = []
+
+    def in_place(signum, frame):
+        leaked.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, in_place)
+    try:
+        logger = WandbLogger()
+        with pytest.raises(InterruptedError, match=f"results are complete in {tmp_path}"):
+            close_logger(logger, True, tmp_path)
+        assert logger.finished and leaked == []
+        assert signal.getsignal(signal.SIGTERM) is in_place
+        close_logger(None, True, tmp_path)  # no logger, no signal: nothing to say
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_the_console_says_when_putm_ran_in_reduced_precision(tmp_path, precision):
     """Kills: a bf16 run printed without saying so (a user comparing with a published fp32 or other-CPU table cannot

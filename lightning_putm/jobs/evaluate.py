@@ -30,6 +30,7 @@ from lightning_putm.evaluation.settings import (EvaluationSettings, RUN_ROOT, ch
 from lightning_putm.evaluation.sources import build_feature_source, check_base_features
 from lightning_putm.loggers import build_logger, console, finish_logger
 from lightning_putm.runs import run_dir
+from lightning_putm.signals import signals_recorded
 
 
 def build_evaluation_trainer(settings: EvaluationSettings, callback: FewShotEvaluationCallback) -> Any:
@@ -117,9 +118,25 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
             if logger:
                 trainer.logger = logger
             run_test_loop(trainer, source.module, source.datamodule, folder)
-        finally:  # also after an error: a W&B run left open would swallow the next run's logs in this process
+        except BaseException:  # also after an error: a W&B run left open would swallow this process's next logs
             finish_logger(logger, rank_zero)
+            raise
+        close_logger(logger, rank_zero, folder)
     return callback.results
+
+
+def close_logger(logger: Any, rank_zero: bool, folder: Path) -> None:
+    """Close the logger of a finished evaluation, with SIGTERM held back meanwhile.
+
+    Once the test loop is over Lightning has put back the default SIGTERM handler, so a SIGTERM then (a
+    scheduler's time limit in the run's last second) would kill the process on the spot, silently, with the W&B
+    run left unfinished although every result is on disk. Here the logger closes first; then a SIGTERM received
+    meanwhile stops the command with one line (``InterruptedError``: exit status 143).
+    """
+    with signals_recorded((signal.SIGTERM,)) as received:
+        finish_logger(logger, rank_zero)
+    if received:
+        raise InterruptedError(f"SIGTERM arrived as the evaluation finished; its results are complete in {folder}")
 
 
 def run_test_loop(trainer: Any, module: Any, datamodule: Any, folder: Path) -> None:
