@@ -124,10 +124,11 @@ def active_mask() -> dict[str, torch.Tensor]:
 
 
 def putm_predictions(shots: int, options: dict, tasks: int = 3, device: str = "cpu",
-                     noise_floor: bool = False) -> dict[str, torch.Tensor]:
+                     noise_floor: bool = False, auto: bool = False) -> dict[str, torch.Tensor]:
     """Probabilities of a few tasks (5 ways, 15 queries, d = 32) from ``solver=fused`` and ``solver=triton``;
     ``noise_floor``: also ``fused`` on the features times (1 + 2⁻²³) (``fused_nudged``, as crosscheck_putm.py) and
-    ``triton`` a second time on the same features (``triton_again``)."""
+    ``triton`` a second time on the same features (``triton_again``); ``auto``: also ``solver=auto`` as on an sm_90
+    GPU, where it picks the kernel with its hand-over probe (``auto``)."""
     from conftest import make_clustered_features
     from lightning_putm.data.episodes import sample_episode_bank
     from lightning_putm.methods.putm import PUTM
@@ -142,6 +143,16 @@ def putm_predictions(shots: int, options: dict, tasks: int = 3, device: str = "c
         method = PUTM(shots=shots, balanced=balanced, solver=solver, **options)
         out[solver] = method.predict(batch)
         out[f"{solver}_em_steps"] = method.last_state["em_steps"]
+    if auto:
+        from lightning_putm.methods.putm import solvers
+
+        real = solvers.resolve_solver
+        solvers.resolve_solver = lambda solver, device, precision="auto": (
+            "triton" if solver == "auto" else real(solver, device, precision))
+        try:
+            out["auto"] = PUTM(shots=shots, balanced=balanced, solver="auto", **options).predict(batch)
+        finally:
+            solvers.resolve_solver = real
     if noise_floor:
         nudged = dataclasses.replace(batch, support=batch.support * (1 + 2**-23), query=batch.query * (1 + 2**-23))
         out["fused_nudged"] = PUTM(shots=shots, balanced=balanced, solver="fused", **options).predict(nudged)
@@ -262,7 +273,7 @@ def interpreted_cases() -> dict[str, object]:
             f"{kernel}: active": active_mask(),
         }
         for name, case in PUTM_CASES.items():
-            results[f"{kernel}: putm {name}"] = putm_predictions(*case)
+            results[f"{kernel}: putm {name}"] = putm_predictions(*case, auto=name in ("1-shot", "early stopping"))
         # 3 persistent programs for 4 tasks: program 0 solves tasks 0 and 3 in turn
         triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig(kernel=kernel, programs=3)
         results[f"{kernel}: putm persistent programs"] = putm_predictions(*PUTM_CASES["early stopping"])
@@ -526,6 +537,19 @@ def test_triton_is_refused_with_one_line_without_cuda_or_interpreter(monkeypatch
         resolve_solver("triton", torch.device("cpu"))
 
 
+@pytest.mark.parametrize("case", ["1-shot", "early stopping"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_hand_over_probe_changes_nothing(interpreted, kernel, case):
+    """``solver=auto`` where it picks the kernel (an sm_90 GPU; here its choice is forced, under the interpreter)
+    first launches each kernel with every task inactive, to hand over to ``compiled`` if they cannot run. On the
+    real kernels that probe must change nothing: the probabilities are bit for bit those of ``solver=triton``,
+    also under early stopping (the M-step kernel probed too). Kills: a probe that moves a navigator, an Adam moment,
+    a prototype or a task's early-stopping state (a program that does not return at once for an inactive task), a
+    probe that leaves the tasks inactive."""
+    result = interpreted[f"{kernel}: putm {case}"]
+    assert torch.equal(result["auto"], result["triton"])
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_persistent_programs_solve_each_task_as_its_own_program_would(interpreted, kernel):
     """``KernelConfig(programs=3)`` for 4 tasks (``bench_putm.py --triton-programs``, gpu_check's persistent row):
@@ -668,6 +692,25 @@ def test_an_auto_chosen_kernel_that_cannot_run_hands_over_to_compiled_before_any
     explicit = TritonTrainer(auto.navigator, fused.settings, torch.float32)
     with pytest.raises(RuntimeError, match="PTX JIT compilation failed"):
         solve(explicit)
+
+
+def test_after_a_probe_that_passes_the_kernel_solves_the_live_tasks(monkeypatch):
+    """When the probe's launches (every task inactive) pass, the first real launch gets the tasks that need
+    results, and no second probe follows. Kills: the tasks left inactive after the probe (a run that solves
+    nothing), a probe before every launch."""
+    from lightning_putm.methods.putm import triton_engine
+
+    e_step = NoOpKernel(6)
+    monkeypatch.setattr(triton_engine, "kernel_function", lambda name: e_step)
+    _, auto = engines(3, 12, torch.float32, inner_steps=2)
+    auto.fall_back_on_error = True
+    live = torch.tensor([True, False, True])
+    auto.keep_only(live)
+    query, prototypes = rows(3, 7, 12, 8), rows(3, 5, 12, 9)
+    auto.run(query, prototypes, 5)
+    auto.run(query, prototypes, 5)
+    assert auto.delegate is None
+    assert [a.tolist() for a in e_step.launches] == [[0, 0, 0], [1, 0, 1], [1, 0, 1]]
 
 
 @pytest.mark.parametrize("asked,falls_back", [("auto", True), ("triton", False)])
