@@ -171,27 +171,28 @@ fi
 BENCH=("$PYTHON" benchmarks/bench_putm.py --device cuda)
 TRITON=("${BENCH[@]}" --solver triton --basis cholesky)
 BIG=(--stream-tasks 10000 --memory-budget-mb 32768)
-# A kernel configuration, as the sweep names it: kernel BLOCK_P BLOCK_K warps Adam register-cap stages (BLOCK_P "-":
-# each precision's default pair tile, BF16_TILE in bf16; register cap "-": none; stages "-": the kernel's default,
-# WIDE_STAGES for the wide kernel). KernelConfig()'s, its bf16 tile and the wide kernel's default stages
-# (tests/test_putm_triton.py holds them equal):
-DEFAULT_VARIANT="wide - 16 8 exact - -"
+# A kernel configuration, as the sweep names it: kernel BLOCK_P BLOCK_K warps Adam register-cap stages scratch
+# (BLOCK_P "-": each precision's default pair tile, BF16_TILE in bf16; register cap "-": none; stages "-": the
+# kernel's default, WIDE_STAGES for the wide kernel; scratch "-": the default, full). KernelConfig()'s, its bf16
+# tile and the wide kernel's default stages (tests/test_putm_triton.py holds them equal):
+DEFAULT_VARIANT="wide - 16 8 exact - - -"
 BF16_TILE=32
 WIDE_STAGES=3
 # variant_args VARIANT: its bench_putm.py flags, in VARIANT_ARGS; the same without the pair tile, in CHECK_ARGS
 # (the cross-check also runs the kernel in fp32, whose tiles are smaller: a bf16 tile of 64 or more spills tens of
 # KB per thread there); its name, in VARIANT_NAME
 variant_args() {
-    local kernel block_p block_k warps adam cap stages
-    read -r kernel block_p block_k warps adam cap stages <<<"$1"
+    local kernel block_p block_k warps adam cap stages scratch
+    read -r kernel block_p block_k warps adam cap stages scratch <<<"$1"
     CHECK_ARGS=(--triton-kernel "$kernel" --triton-block-k "$block_k" --triton-warps "$warps" --triton-adam "$adam")
     [[ $cap != - ]] && CHECK_ARGS+=(--triton-max-registers "$cap")
     [[ $stages != - ]] && CHECK_ARGS+=(--triton-stages "$stages")
+    [[ $scratch != - ]] && CHECK_ARGS+=(--triton-scratch "$scratch")
     VARIANT_ARGS=("${CHECK_ARGS[@]}")
     [[ $block_p != - ]] && VARIANT_ARGS+=(--triton-block-p "$block_p")
     VARIANT_NAME="$kernel$([[ $block_p != - ]] && echo " BLOCK_P=$block_p")$([[ $kernel == chunked ]] \
 && echo " BLOCK_K=$block_k") warps=$warps Adam=$adam$([[ $cap != - ]] && echo " registers<=$cap") \
-stages=$(stages_of "$kernel" "$stages")"
+stages=$(stages_of "$kernel" "$stages")$([[ $scratch != - ]] && echo " scratch=$scratch")"
 }
 # stages_of KERNEL STAGES: the pipeline stages a configuration runs with ("-": the kernel's default)
 stages_of() {
@@ -209,12 +210,13 @@ BEST_VARIANT="$DEFAULT_VARIANT"
 BEST_RATE=0
 declare -A RATE_OF  # tasks/s of each configuration that gave a rate
 sweep_row() {
-    local kernel block_p block_k warps adam cap stages rate="—"
-    read -r kernel block_p block_k warps adam cap stages <<<"$1"
+    local kernel block_p block_k warps adam cap stages scratch rate="—"
+    read -r kernel block_p block_k warps adam cap stages scratch <<<"$1"
     [[ $STEP_RESULT == passed ]] && rate="$(awk '$1 == "ours" && $3 == 1000 {print $6; exit}' "$LOG")"
     [[ -n "$rate" && $rate != — ]] && RATE_OF["$1"]="$rate"
     echo "| $kernel$2 | ${block_p/-/$BF16_TILE} | $([[ $kernel == chunked ]] && echo "$block_k" || echo —) | $warps | $adam \
-| ${cap/-/—} | $(stages_of "$kernel" "$stages") | ${rate:-—} | ${STEP_RESULT%% (*} |" >>"$SWEEP"
+| ${cap/-/—} | $(stages_of "$kernel" "$stages") | $([[ $kernel == chunked ]] && echo — || echo "${scratch/-/full}") \
+| ${rate:-—} | ${STEP_RESULT%% (*} |" >>"$SWEEP"
     if [[ -n "$rate" && $rate != — ]] && awk -v a="$rate" -v b="$BEST_RATE" 'BEGIN {exit !(a + 0 > b + 0)}'; then
         BEST_VARIANT="$1"
         BEST_RATE="$rate"
@@ -236,16 +238,20 @@ else
     echo "| Triton kernel: Nsight Compute profile | SKIPPED (no ncu on PATH) | 0 |" >>"$SUMMARY"
 fi
 # 4: the kernels and their configurations compared (T = 1000, the full 50 EM steps; the warm-up compiles each
-#    kernel, untimed): the chunked kernel first and the wide kernel's previous default (1 stage), for the ratios
-#    in the same session, then the variants of today's default (8 warps, 3 stages: the fastest row of the H100
-#    sweep of 2026-11-27) that the sweep left open: approximate Adam; 4 pipeline stages; 4-warp programs (faster
-#    than 8 at 1 stage); 2 stages; pair tiles of 16; registers capped at 128 for two programs per SM; 16 warps;
-#    4 warps with 4 stages; pair tiles of 64 (the largest that fits with 3 stages: 128 needs 271 KB of shared
-#    memory). Under a budget the sweep leaves GPU_CHECK_RESERVE seconds to step 5.
+#    kernel, untimed): first the lean scratch (activations computed again in the backward, inputs in rows of m
+#    columns, bf16 weight gradients: 38% fewer bytes per Adam step and a working set of 43 MB for 132 programs,
+#    inside the 50 MB L2, against 72 MB; 20% more instructions by the estimate), then the chunked kernel and the
+#    wide kernel's previous default (1 stage), for the ratios in the same session, then the variants of today's
+#    default (8 warps, 3 stages: the fastest row of the H100 sweep of 2026-11-27) that the sweep left open:
+#    approximate Adam; 4 pipeline stages; 4-warp programs (faster than 8 at 1 stage); 2 stages; pair tiles of 16;
+#    registers capped at 128 for two programs per SM; 16 warps; 4 warps with 4 stages; pair tiles of 64 (the
+#    largest that fits with 3 stages: 128 needs 271 KB of shared memory); the lean scratch with 4 stages. Under a
+#    budget the sweep leaves GPU_CHECK_RESERVE seconds to step 5.
 [[ $BUDGET -gt 0 ]] && KEEP=$RESERVE
-for VARIANT in "chunked - 16 8 exact - 1" "wide - 16 8 exact - 1" "wide - 16 8 fast - -" "wide - 16 8 exact - 4" \
-    "wide - 16 4 exact - -" "wide - 16 8 exact - 2" "wide 16 16 8 exact - -" "wide - 16 8 exact 128 -" \
-    "wide - 16 16 exact - -" "wide - 16 4 exact - 4" "wide 64 16 8 exact - -"; do
+for VARIANT in "wide - 16 8 exact - - lean" "chunked - 16 8 exact - 1 -" "wide - 16 8 exact - 1 -" \
+    "wide - 16 8 fast - - -" "wide - 16 8 exact - 4 -" "wide - 16 4 exact - - -" "wide - 16 8 exact - 2 -" \
+    "wide 16 16 8 exact - - -" "wide - 16 8 exact 128 - -" "wide - 16 16 exact - - -" "wide - 16 4 exact - 4 -" \
+    "wide 64 16 8 exact - - -" "wide - 16 8 exact - 4 lean"; do
     variant_args "$VARIANT"
     run_step "Triton sweep $VARIANT_NAME" text "${TRITON[@]}" --sizes 1000 "${VARIANT_ARGS[@]}"
     sweep_row "$VARIANT" ""
@@ -331,9 +337,9 @@ run_step "Triton kernel: sm_90 resources (ptxas)" text "$PYTHON" benchmarks/benc
         echo "The steps titled \"fastest: …\" ran the fastest configuration, $BEST_NAME ($BEST_RATE tasks/s)."
     fi
     echo
-    echo "| kernel | BLOCK_P | BLOCK_K | warps | Adam | register cap | stages | tasks/s | result |"
-    echo "|---|---|---|---|---|---|---|---|---|"
-    sort -t '|' -k 9 -g -r "$SWEEP"
+    echo "| kernel | BLOCK_P | BLOCK_K | warps | Adam | register cap | stages | scratch | tasks/s | result |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    sort -t '|' -k 10 -g -r "$SWEEP"
     echo
     echo "## WRN-28-10 S2M2 training throughput (s2m2r step, 84x84, batch 64, synthetic images)"
     echo

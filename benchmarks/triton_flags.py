@@ -11,7 +11,8 @@ import dataclasses
 #: ``--triton-*`` flags and the :class:`KernelConfig` field each sets (``solver=triton`` only).
 TRITON_FLAGS = {"--triton-kernel": "kernel", "--triton-block-p": "block_p", "--triton-block-k": "block_k",
                 "--triton-warps": "num_warps", "--triton-programs": "programs", "--triton-adam": "exact_adam",
-                "--triton-max-registers": "max_registers", "--triton-stages": "num_stages"}
+                "--triton-max-registers": "max_registers", "--triton-stages": "num_stages",
+                "--triton-scratch": "scratch"}
 
 
 def add_triton_flags(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +35,10 @@ def add_triton_flags(parser: argparse.ArgumentParser) -> None:
                         help="solver=triton: software pipelining of the loops over pair tiles (2 or more: the next "
                              "tiles' loads overlap the current tile's products; default: 3 for the wide kernel, 1 "
                              "for the chunked)")
+    parser.add_argument("--triton-scratch", default=None, choices=["full", "lean"],
+                        help="solver=triton: what the wide kernel keeps in global memory between an Adam step's "
+                             "phases (full: inputs, activations, fp32 weight gradients; lean: activations computed "
+                             "again in the backward, weight gradients in the compute dtype; default: full)")
 
 
 def triton_flag_values(args: argparse.Namespace) -> list[tuple[str, object]]:

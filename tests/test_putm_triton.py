@@ -124,8 +124,10 @@ def active_mask() -> dict[str, torch.Tensor]:
 
 
 def putm_predictions(shots: int, options: dict, tasks: int = 3, device: str = "cpu",
-                     noise_floor: bool = False, auto: bool = False) -> dict[str, torch.Tensor]:
-    """Probabilities of a few tasks (5 ways, 15 queries, d = 32) from ``solver=fused`` and ``solver=triton``;
+                     noise_floor: bool = False, auto: bool = False,
+                     solvers: tuple[str, ...] = ("fused", "triton")) -> dict[str, torch.Tensor]:
+    """Probabilities of a few tasks (5 ways, 15 queries, d = 32) from ``solver=fused`` and ``solver=triton`` (or
+    ``solvers``);
     ``noise_floor``: also ``fused`` on the features times (1 + 2⁻²³) (``fused_nudged``, as crosscheck_putm.py) and
     ``triton`` a second time on the same features (``triton_again``); ``auto``: also ``solver=auto`` as on an sm_90
     GPU, where it picks the kernel with its hand-over probe (``auto``)."""
@@ -139,7 +141,7 @@ def putm_predictions(shots: int, options: dict, tasks: int = 3, device: str = "c
     options = dict(options)
     balanced = options.pop("balanced", False)
     out = {}
-    for solver in ("fused", "triton"):
+    for solver in solvers:
         method = PUTM(shots=shots, balanced=balanced, solver=solver, **options)
         out[solver] = method.predict(batch)
         out[f"{solver}_em_steps"] = method.last_state["em_steps"]
@@ -253,6 +255,8 @@ PUTM_CASES = {
 
 #: The kernels of ``solver=triton`` (``KernelConfig.kernel``); every interpreter case runs on each.
 KERNELS = ("wide", "chunked")
+#: The end-to-end cases the wide kernel also runs with ``KernelConfig(scratch="lean")``
+LEAN_CASES = ("1-shot", "5-shot", "balanced (theta 0.001, rho 1)", "bf16", "early stopping", "persistent programs")
 
 
 def interpreted_cases() -> dict[str, object]:
@@ -277,6 +281,13 @@ def interpreted_cases() -> dict[str, object]:
         # 3 persistent programs for 4 tasks: program 0 solves tasks 0 and 3 in turn
         triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig(kernel=kernel, programs=3)
         results[f"{kernel}: putm persistent programs"] = putm_predictions(*PUTM_CASES["early stopping"])
+    # the wide kernel with the lean scratch (activations computed again, inputs in rows of m rounded up to 8: 24
+    # and 40 columns here, narrower than the products' 32 and 64), on the cases the full scratch ran above
+    for name in LEAN_CASES:
+        triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig(scratch="lean",
+                                                                  programs=3 if name == "persistent programs" else None)
+        case = PUTM_CASES["early stopping" if name == "persistent programs" else name]
+        results[f"lean: putm {name}"] = putm_predictions(*case, solvers=("triton",))
     triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig()
     for update in ("forward", "backward", "mixed"):
         results[f"m-step {update}"] = m_step_on_device(update)
@@ -429,31 +440,35 @@ def test_em_loop_on_the_device_matches_the_host_loop(interpreted, case):
 
 
 # ------------------------------------------------------------------------------------------ on a GPU
-#: (kernel, precision, exact Adam, register cap, pipeline stages) of the CUDA test: both kernels in both
+#: (kernel, precision, exact Adam, register cap, pipeline stages[, scratch]) of the CUDA test: both kernels in both
 #: precisions at their default stages (the wide kernel's loops software-pipelined in 3 stages: asynchronous copies
 #: of scratch rows the program wrote itself, which the interpreter does not have), the wide kernel's approximate
 #: Adam (the interpreter computes it exactly, so only a GPU can check it), its registers capped at 128 (spilled
 #: registers), 1 and 2 stages, and TF32 products (``precision=tf32``: not yet checked on a GPU, so ``solver=auto``
-#: keeps TF32 on the compiled engine until this case has passed there)
-CUDA_CASES = [("wide", "fp32", True, None, None), ("wide", "bf16", True, None, None),
-              ("chunked", "fp32", True, None, None), ("chunked", "bf16", True, None, None),
-              ("wide", "bf16", False, None, None), ("wide", "bf16", True, 128, None), ("wide", "bf16", True, None, 1),
-              ("wide", "bf16", True, None, 2), ("wide", "tf32", True, None, None)]
+#: keeps TF32 on the compiled engine until this case has passed there), and the lean scratch (its bf16 weight
+#: gradients are stored as bf16 only on a GPU: the interpreter's scratch is fp32)
+CUDA_CASES = [("wide", "fp32", True, None, None, "full"), ("wide", "bf16", True, None, None, "full"),
+              ("chunked", "fp32", True, None, None, "full"), ("chunked", "bf16", True, None, None, "full"),
+              ("wide", "bf16", False, None, None, "full"), ("wide", "bf16", True, 128, None, "full"),
+              ("wide", "bf16", True, None, 1, "full"), ("wide", "bf16", True, None, 2, "full"),
+              ("wide", "tf32", True, None, None, "full"), ("wide", "bf16", True, None, None, "lean"),
+              ("wide", "fp32", True, None, None, "lean")]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kernel,precision,exact_adam,max_registers,num_stages", CUDA_CASES,
+@pytest.mark.parametrize("kernel,precision,exact_adam,max_registers,num_stages,scratch", CUDA_CASES,
                          ids=[f"{k}-{p}{'' if e else '-fast-adam'}{f'-{r}-registers' if r else ''}"
-                              f"{f'-{n}-stages' if n else ''}" for k, p, e, r, n in CUDA_CASES])
+                              f"{f'-{n}-stages' if n else ''}{'-lean' if c == 'lean' else ''}"
+                              for k, p, e, r, n, c in CUDA_CASES])
 def test_compiled_kernel_on_cuda_matches_the_fused_engine(kernel, precision, exact_adam, max_registers, num_stages,
-                                                          monkeypatch):
+                                                          scratch, monkeypatch):
     """The compiled kernel (not the interpreter) on the GPU, against the fused engine on the same GPU: one-step
     gradients of 8 tasks of the real 1-shot shape (75 queries, m = 80) and a few EM steps end to end. Kills: a
     GPU-only miscompilation or race (a missing barrier between the kernel's phases), TF32 where fp32 was asked."""
     from lightning_putm.methods.putm import triton_engine
 
     monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(
-        kernel=kernel, exact_adam=exact_adam, max_registers=max_registers, num_stages=num_stages))
+        kernel=kernel, exact_adam=exact_adam, max_registers=max_registers, num_stages=num_stages, scratch=scratch))
     from lightning_putm.methods.putm.precision import matmul_precision
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -563,6 +578,58 @@ def test_persistent_programs_solve_each_task_as_its_own_program_would(interprete
     assert len(set(one_each["triton_em_steps"].tolist())) > 1  # tasks settled at different EM steps
     assert torch.equal(persistent["triton"], one_each["triton"])
     assert torch.equal(persistent["triton_em_steps"], one_each["triton_em_steps"])
+
+
+@pytest.mark.parametrize("name", LEAN_CASES)
+def test_the_lean_scratch_changes_no_result(interpreted, name):
+    """``KernelConfig(scratch="lean")`` (``bench_putm.py --triton-scratch lean``) only moves work between memory and
+    arithmetic: the backward computes ``h1`` and ``h2`` again from the same inputs and weights, the inputs are kept
+    in narrower rows. The probabilities and EM step counts are bit for bit the full scratch's, 1- and 5-shot, with
+    the balance term, in bf16, under early stopping and with persistent programs (a program's scratch reused for
+    a second task). Kills: a recomputed layer that uses another bias or skips its LeakyReLU or its bf16 rounding,
+    an input row read with the full scratch's stride or without its mask (columns from m on are then not zero),
+    activations read from a scratch the lean kernel never wrote."""
+    lean = interpreted[f"lean: putm {name}"]
+    full = interpreted[f"wide: putm {'early stopping' if name == 'persistent programs' else name}"]
+    assert torch.equal(lean["triton"], full["triton"])
+    assert torch.equal(lean["triton_em_steps"], full["triton_em_steps"])
+
+
+@pytest.mark.parametrize("m,columns", [(80, 80), (100, 104), (64, 64)])
+def test_the_lean_scratch_is_smaller_and_holds_no_activations(m, columns):
+    """What ``scratch="lean"`` allocates per program (bf16, 1 shot: 75 queries, 384 padded pairs): the inputs in
+    rows of m rounded up to 8 columns (16-byte rows) instead of the products' power of two, no activations, and
+    the weight gradients in bf16: 322,560 -> 101,378 bytes per program at m = 80 (with one program per task, 2.2
+    GB less scratch at T = 10,000). The kernel is told the row width it was allocated with. Kills: ``lean`` not reaching
+    the allocation or the kernel's ``LEAN``, a row width that differs between the two (rows would overlap or run
+    past the buffer), the chunked kernel (no lean variant) given the lean scratch."""
+    pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
+    from lightning_putm.methods.putm import triton_engine
+
+    sizes = {}
+    for scratch in ("full", "lean"):
+        _, trainer = engines(2, m, torch.bfloat16)
+        trainer.config = triton_engine.KernelConfig(scratch=scratch)
+        name, _, constants, _ = trainer.kernel_arguments(rows(2, 75, m, 1), rows(2, 5, m, 2), torch.zeros(2, 75, 5))
+        buffers = {key: value for key, value in trainer._scratch.items() if key != "shape"}
+        sizes[scratch] = sum(b.numel() * b.element_size() for b in buffers.values()) // 2
+        assert name == "wide" and constants["LEAN"] == (scratch == "lean")
+        assert constants["X0_COLS"] == buffers["x0"].shape[2] == (columns if scratch == "lean" else
+                                                                   constants["K_PAD"])
+        assert buffers["x0"].shape[:2] == (2, 384)
+        if scratch == "lean":
+            assert buffers["h1"].numel() == buffers["h2"].numel() == 1
+            assert buffers["dw"].dtype == torch.bfloat16 and buffers["x0"].dtype == torch.bfloat16
+        else:
+            assert buffers["h1"].shape == (2, 384, 128) and buffers["dw"].dtype == torch.float32
+    if m == 80:
+        logits = 384 * 4 * 2  # the logits and their gradients, fp32 in both
+        assert sizes["full"] == 384 * (128 + 128 + 64) * 2 + logits + (80 * 128 + 128 * 64) * 4
+        assert sizes["lean"] == 384 * 80 * 2 + logits + (80 * 128 + 128 * 64) * 2 + 2  # 2: the stand-ins, halved
+    _, trainer = engines(2, m, torch.bfloat16)
+    trainer.config = triton_engine.KernelConfig(kernel="chunked", scratch="lean")
+    name, _, constants, _ = trainer.kernel_arguments(rows(2, 75, m, 1), rows(2, 5, m, 2), torch.zeros(2, 75, 5))
+    assert name == "chunked" and "LEAN" not in constants and "x0" not in trainer._scratch
 
 
 @pytest.mark.parametrize("programs,grid", [(None, 4), (3, 3), (1, 1), (10, 4)])
@@ -907,6 +974,21 @@ def test_kernel_fits_an_h100(kernel, name, queries, m, precision, max_spills):
     assert usage["spill_store_bytes"] <= max_spills, usage
 
 
+@pytest.mark.parametrize("m,max_spills", [(80, 512), (100, 512)])
+def test_the_lean_scratch_fits_an_h100(m, max_spills):
+    """``KernelConfig(scratch="lean")`` at the default tiles, 1 and 5 shots in bf16, compiles for sm_90 within the
+    H100's shared memory, with few spilled bytes (measured with triton 3.8: 224 and 272 bytes per thread, against
+    124 and 112 for the full scratch: the recomputed layers hold more in flight). Kills: a lean build that does not
+    compile for the GPU or spills kilobytes (the recomputation outside the tile loop, say)."""
+    ptxas = need_sm90_tool("ptxas")
+    from lightning_putm.methods.putm.triton_resources import sm90_resources
+
+    usage = sm90_resources(m=m, ptxas=ptxas, kernel="wide", block_p=32, num_warps=8, num_stages=None,
+                           scratch="lean")
+    assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
+    assert usage["spill_store_bytes"] <= max_spills, usage
+
+
 @pytest.mark.parametrize("shots,m", [(1, 80), (5, 100)])
 def test_m_step_kernel_fits_an_h100(shots, m):
     """The M-step kernel of the EM loop on the device compiles for sm_90 as it is launched, without spilled
@@ -1023,7 +1105,7 @@ def test_every_gpu_check_sweep_row_is_a_distinct_kernel_configuration(monkeypatc
     bench = benchmark_module("bench_putm")
     script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
     rows = re.findall(r'"([^"]+)"', re.search(r"for VARIANT in (.*?); do", script, re.S).group(1))
-    assert len(rows) >= 10 and rows[0].startswith("chunked - 16 8 exact - 1")
+    assert len(rows) >= 10 and "chunked - 16 8 exact - 1 -" in rows
     default = re.search(r'^DEFAULT_VARIANT="([^"]+)"$', script, re.M).group(1)
     assert default.replace(" exact ", " fast ") in rows  # the approximate-Adam row the combined row is decided by
     assert int(re.search(r"^BF16_TILE=(\d+)$", script, re.M).group(1)) == triton_engine.KernelConfig().pair_tile(2)
@@ -1041,11 +1123,12 @@ def test_every_gpu_check_sweep_row_is_a_distinct_kernel_configuration(monkeypatc
         bench.use_triton_config(bench.parse_args(argv))
         config = triton_engine.DEFAULT_CONFIG
         assert (config.kernel, config.block_p, config.block_k, config.num_warps, config.exact_adam,
-                config.max_registers, config.num_stages) == (
+                config.max_registers, config.num_stages, config.scratch) == (
             fields["kernel"], None if fields["block_p"] == "-" else int(fields["block_p"]), int(fields["block_k"]),
             int(fields["warps"]),
             fields["adam"] == "exact", None if fields["cap"] == "-" else int(fields["cap"]),
-            None if fields["stages"] == "-" else int(fields["stages"]))
+            None if fields["stages"] == "-" else int(fields["stages"]), "full" if fields["scratch"] == "-" else
+            fields["scratch"])
         assert (config == triton_engine.KernelConfig()) == (row is default)
         configs.add(dataclasses.replace(config, num_stages=config.stages(config.kernel)))  # "-" and 3: the same
     assert len(configs) == 1 + len(rows)

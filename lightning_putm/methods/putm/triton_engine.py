@@ -62,7 +62,12 @@ class KernelConfig:
     copied into shared memory asynchronously while the current tile is multiplied, which hides the latency of those
     loads when few warps share an SM, at the price of more instructions and shared memory; ``None``:
     :data:`DEFAULT_STAGES` of the kernel that runs, 3 for the wide kernel, the fastest of the H100 sweep, and 1
-    for the chunked kernel, measured only so; docs/gpu.md). ``benchmarks/bench_putm.py --triton-*`` sets them on a GPU."""
+    for the chunked kernel, measured only so; docs/gpu.md); ``scratch``: what the wide kernel keeps per program in
+    global memory between the phases of an Adam step (:data:`SCRATCHES`): ``"full"``, the inputs in rows of
+    ``K_PAD`` columns, both hidden layers' activations and fp32 weight gradients; ``"lean"``, the inputs in rows of
+    ``m`` columns and the weight gradients in the compute dtype, the activations computed again in the backward:
+    more tensor-core work, less memory traffic, and a working set that fits an H100's L2 cache (docs/gpu.md). Both
+    give the same results. ``benchmarks/bench_putm.py --triton-*`` sets them on a GPU."""
 
     kernel: str = "wide"
     block_p: int | None = None
@@ -72,10 +77,13 @@ class KernelConfig:
     exact_adam: bool = True
     max_registers: int | None = None
     num_stages: int | None = None
+    scratch: str = "full"
 
     def __post_init__(self) -> None:
         if self.kernel not in KERNELS:
             raise ValueError(f"KernelConfig.kernel={self.kernel!r}: one of {', '.join(KERNELS)}")
+        if self.scratch not in SCRATCHES:
+            raise ValueError(f"KernelConfig.scratch={self.scratch!r}: one of {', '.join(SCRATCHES)}")
         if self.num_stages is not None and self.num_stages < 1:
             raise ValueError(f"KernelConfig.num_stages={self.num_stages}: at least 1 (1: no software pipelining)")
 
@@ -104,6 +112,8 @@ KERNELS = ("wide", "chunked")
 #: the H100 sweep (2026-11-27: 878 tasks/s at T = 1000 against 714 with 1 stage, 782 with 2; docs/gpu.md); the
 #: chunked kernel was timed with 1 stage only.
 DEFAULT_STAGES = {"wide": 3, "chunked": 1}
+#: What :attr:`KernelConfig.scratch` can name (``"lean"``: the wide kernel's ``LEAN``).
+SCRATCHES = ("full", "lean")
 #: Largest basis width and hidden widths of the wide kernel (its ``∂W1`` and ``∂W2`` accumulate in registers:
 #: at the default tiles 128 x 128 and 128 x 64 fp32 fit the 255 registers of sm_90 with few spilled bytes, 68 per
 #: thread with triton 3.8 and 120 with 3.6, docs/gpu.md).
@@ -137,6 +147,13 @@ def unsupported_reason(ways: int, queries: int, dim: int, hidden: list[int], dty
     if dim > MAX_DIM:
         return f"basis width {dim} (at most {MAX_DIM})"
     return None
+
+
+def input_columns(m: int, lean: bool) -> int:
+    """Columns per row of the wide kernel's inputs scratch for a basis of ``m``: ``m`` padded to a power of two
+    (the products' width, ``K_PAD``), or with ``lean`` to a multiple of 8 (16-byte rows in bf16, so loads and
+    stores stay vectorized)."""
+    return -(-m // 8) * 8 if lean else max(16, power_of_two(m))
 
 
 def power_of_two(n: int) -> int:
@@ -342,8 +359,9 @@ class TritonTrainer(Engine):
         scratch_dtype = torch.float32 if k.INTERPRETED else self.compute_dtype
         name = kernel_for(config, m, (h1, h2))
         wide = name == "wide"
-        k_pad = max(16, power_of_two(m))
-        scratch = self.scratch(programs, padded_pairs, h1, h2, scratch_dtype, (k_pad, m) if wide else (0, 0))
+        k_pad = input_columns(m, lean=False)  # the products' width, K_PAD
+        lean = wide and config.scratch == "lean"
+        scratch = self.scratch(programs, padded_pairs, h1, h2, scratch_dtype, (k_pad, m) if wide else (0, 0), lean)
         if self._outputs is None or self._outputs[0].shape != cost.shape:
             self._outputs = (torch.zeros_like(cost), torch.zeros_like(cost))
         forward, backward = self._outputs
@@ -364,25 +382,33 @@ class TritonTrainer(Engine):
                          BALANCE=s.theta != 0)
         if wide:
             del constants["BLOCK_K"]
-            constants.update(K_PAD=k_pad, ADAM_BLOCK=WIDE_ADAM_BLOCK, EXACT=config.exact_adam)
+            constants.update(K_PAD=k_pad, ADAM_BLOCK=WIDE_ADAM_BLOCK, EXACT=config.exact_adam, LEAN=lean,
+                             X0_COLS=input_columns(m, lean))
         return name, arguments, constants, (programs,)
 
     def scratch(self, programs: int, pairs: int, h1: int, h2: int, dtype: torch.dtype,
-                wide: tuple[int, int] = (0, 0)) -> dict[str, torch.Tensor]:
+                wide: tuple[int, int] = (0, 0), lean: bool = False) -> dict[str, torch.Tensor]:
         """The per-program activations (kept between launches of the same size). ``wide`` = ``(k_pad, m)`` for the
-        wide kernel: the inputs ``[pairs, k_pad]`` and room for both ``∂W1`` (``m`` rows) and ``∂W2``."""
+        wide kernel: the inputs ``[pairs, k_pad]`` and room for both ``∂W1`` (``m`` rows) and ``∂W2``. ``lean``
+        (``KernelConfig(scratch="lean")``): inputs in rows of :func:`input_columns`, the weight gradients in
+        ``dtype``, and no room
+        for the activations (one element stands in, never read)."""
         k_pad, m = wide
-        shape = (programs, pairs, h1, h2, dtype, wide)
+        shape = (programs, pairs, h1, h2, dtype, wide, lean)
         if self._scratch.get("shape") != shape:
             device = self.navigator.flat.device
+
+            def room(*size: int, kept: bool = True, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                return torch.empty(size if kept else (1,), device=device, dtype=dtype)
+
             self._scratch = {"shape": shape,  # type: ignore[dict-item]
-                             "h1": torch.empty(programs, pairs, h1, device=device, dtype=dtype),
-                             "h2": torch.empty(programs, pairs, h2, device=device, dtype=dtype),
-                             "logits": torch.empty(programs, pairs, device=device),
-                             "grad": torch.empty(programs, pairs, device=device),
-                             "dw": torch.empty(programs, m * h1 + h1 * h2, device=device)}
+                             "h1": room(programs, pairs, h1, kept=not lean, dtype=dtype),
+                             "h2": room(programs, pairs, h2, kept=not lean, dtype=dtype),
+                             "logits": room(programs, pairs),
+                             "grad": room(programs, pairs),
+                             "dw": room(programs, m * h1 + h1 * h2, dtype=dtype if lean else torch.float32)}
             if k_pad:
-                self._scratch["x0"] = torch.empty(programs, pairs, k_pad, device=device, dtype=dtype)
+                self._scratch["x0"] = room(programs, pairs, input_columns(m, lean), dtype=dtype)
         return self._scratch
 
 

@@ -36,10 +36,11 @@ def shipped_tool(name: str) -> str | None:
 def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                  block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
                  balance: bool = False, kernel: str = "chunked", exact_adam: bool = True, tasks: int = 100,
-                 max_registers: int | None = None, num_stages: int | None = None):
+                 max_registers: int | None = None, num_stages: int | None = None, scratch: str = "full"):
     """The kernel compiled for an H100 (``GPUTarget("cuda", 90, 32)``) exactly as the engine would launch it for
     ``tasks`` tasks: ``(compiled, constants)``. ``precision``: 0 fp32, 1 TF32, 2 bf16 (:mod:`.triton_kernels`);
-    ``kernel``, ``exact_adam``, ``max_registers``, ``num_stages``: as in :class:`.triton_engine.KernelConfig`
+    ``kernel``, ``exact_adam``, ``max_registers``, ``num_stages``, ``scratch``: as in
+    :class:`.triton_engine.KernelConfig`
     (``num_stages=None``: the kernel's default).
 
     The arguments are the engine's own (:meth:`.triton_engine.TritonTrainer.kernel_arguments`, on CPU tensors), and
@@ -60,7 +61,8 @@ def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[in
     navigator = Navigator([m, *hidden, 1], generators, 1000, torch.device("cpu"), torch.float32,
                           settings.negative_slope, requires_grad=False)
     config = KernelConfig(kernel=kernel, block_p=block_p, block_k=block_k, num_warps=num_warps,
-                          exact_adam=exact_adam, max_registers=max_registers, num_stages=num_stages)
+                          exact_adam=exact_adam, max_registers=max_registers, num_stages=num_stages,
+                          scratch=scratch)
     engine = TritonTrainer(navigator, settings, torch.bfloat16 if precision == 2 else torch.float32, config)
     name, arguments, constants, _ = engine.kernel_arguments(
         torch.zeros(tasks, queries, m), torch.zeros(tasks, ways, m), torch.zeros(tasks, queries, ways))
@@ -107,11 +109,11 @@ def sm90_resources(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[
                    block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
                    balance: bool = False, ptxas: str | None = None, kernel: str = "chunked",
                    exact_adam: bool = True, max_registers: int | None = None,
-                   num_stages: int | None = None) -> dict[str, int]:
+                   num_stages: int | None = None, scratch: str = "full") -> dict[str, int]:
     """Registers per thread, spill bytes, stack bytes and shared memory of one kernel configuration on sm_90
     (arguments of :func:`compile_sm90`). Raises ``RuntimeError`` without ptxas."""
     compiled, _ = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, balance, kernel,
-                               exact_adam, max_registers=max_registers, num_stages=num_stages)
+                               exact_adam, max_registers=max_registers, num_stages=num_stages, scratch=scratch)
     return ptxas_usage(compiled, ptxas)
 
 
@@ -252,7 +254,8 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
 def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
                               block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
                               kernel: str = "chunked", exact_adam: bool = True, max_registers: int | None = None,
-                              num_stages: int | None = None, nvdisasm: str | None = None) -> dict[str, int]:
+                              num_stages: int | None = None, scratch: str = "full",
+                              nvdisasm: str | None = None) -> dict[str, int]:
     """Warp instructions that one Adam step of one task executes on sm_90, estimated from the machine code
     (:func:`count_adam_step`): ``total`` (all warps of the program), ``per warp``, and per warp by
     :data:`OPCODE_GROUPS` (the rest: ``integer and control``). Raises ``RuntimeError`` without nvdisasm."""
@@ -260,7 +263,8 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
     if nvdisasm is None:
         raise RuntimeError("no nvdisasm (neither in the triton wheel nor on PATH)")
     compiled, constants = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, False,
-                                       kernel, exact_adam, max_registers=max_registers, num_stages=num_stages)
+                                       kernel, exact_adam, max_registers=max_registers, num_stages=num_stages,
+                                       scratch=scratch)
     with tempfile.TemporaryDirectory() as folder:
         cubin = Path(folder) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -283,8 +287,8 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
 
 
 #: The configurations of the table: (kernel, shots, m, precision, BLOCK_P, BLOCK_K, warps, exact Adam, register
-#: cap, pipeline stages); the first row of each group is the kernel's default. The chunked kernel's rows are
-#: gpu_check's tile sweep.
+#: cap, pipeline stages[, scratch]); the first row of each group is the kernel's default. The chunked kernel's rows
+#: are gpu_check's tile sweep.
 TABLE = [
     ("wide", 1, 80, 2, 32, 16, 8, True, None, 3),
     *[("wide", 1, 80, 2, p, 16, w, True, None, 1) for p, w in ((32, 8), (16, 8), (64, 8), (128, 8), (32, 16),
@@ -293,6 +297,8 @@ TABLE = [
     ("wide", 1, 80, 2, 32, 16, 4, True, 128, 1), ("wide", 1, 80, 2, 32, 16, 8, True, None, 2),
     ("wide", 1, 80, 2, 32, 16, 8, True, 128, 2),
     ("wide", 5, 100, 2, 32, 16, 8, True, None, 3), ("wide", 1, 80, 0, 16, 16, 8, True, None, 3),
+    ("wide", 1, 80, 2, 32, 16, 8, True, None, 3, "lean"), ("wide", 1, 80, 2, 32, 16, 8, True, None, 4, "lean"),
+    ("wide", 5, 100, 2, 32, 16, 8, True, None, 3, "lean"), ("wide", 1, 80, 0, 16, 16, 8, True, None, 3, "lean"),
     *[("chunked", 1, 80, 2, p, k, w, True, None, 1) for p, k, w in ((32, 16, 8), (16, 16, 8), (64, 16, 8),
                                                                    (32, 32, 8), (32, 16, 4))],
     ("chunked", 5, 100, 2, 32, 16, 8, True, None, 1), ("chunked", 1, 80, 0, 16, 16, 8, True, None, 1),
@@ -302,12 +308,14 @@ TABLE = [
 def main() -> None:
     """Print, for each configuration of :data:`TABLE`, its sm_90 resources and the estimated warp instructions of
     one Adam step of one task (all warps; per warp: barriers, tensor-core instructions)."""
-    print("| kernel | shots | m | precision | BLOCK_P | BLOCK_K | warps | Adam | register cap | stages | registers "
-          "| spill stores (B) | shared (KB) | instructions per Adam step | barriers per warp | tensor-core per warp |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for kernel, shots, m, precision, block_p, block_k, warps, exact, cap, stages in TABLE:
+    print("| kernel | shots | m | precision | BLOCK_P | BLOCK_K | warps | Adam | register cap | stages | scratch "
+          "| registers | spill stores (B) | shared (KB) | instructions per Adam step | barriers per warp "
+          "| tensor-core per warp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for kernel, shots, m, precision, block_p, block_k, warps, exact, cap, stages, *rest in TABLE:
+        scratch = rest[0] if rest else "full"
         options = dict(m=m, block_p=block_p, block_k=block_k, num_warps=warps, precision=precision, kernel=kernel,
-                       exact_adam=exact, max_registers=cap, num_stages=stages)
+                       exact_adam=exact, max_registers=cap, num_stages=stages, scratch=scratch)
         usage = sm90_resources(**options)  # type: ignore[arg-type]
         try:
             estimate: dict[str, int | str] = dict(sm90_instruction_estimate(**options))  # type: ignore[arg-type]
@@ -315,7 +323,8 @@ def main() -> None:
             estimate = {"total": "—", "barriers": "—", "tensor core": "—"}
         print(f"| {kernel} | {shots} | {m} | {'bf16' if precision == 2 else 'fp32'} | {block_p} | "
               f"{block_k if kernel == 'chunked' else '—'} | {warps} | {'exact' if exact else 'fast'} | "
-              f"{cap or '—'} | {stages} | {usage['registers']} | {usage['spill_store_bytes']} | "
+              f"{cap or '—'} | {stages} | {scratch if kernel == 'wide' else '—'} | {usage['registers']} | "
+              f"{usage['spill_store_bytes']} | "
               f"{usage['shared_bytes'] / 1024:.0f} | {_thousands(estimate['total'])} | "
               f"{_thousands(estimate['barriers'])} | {_thousands(estimate['tensor core'])} |", flush=True)
 

@@ -20,6 +20,13 @@ found it bound by instruction issue and barriers, most of them moving the operan
 - Adam runs over each weight matrix as one flat range, optionally with the GPU's approximate square root and
   division (``EXACT`` false: within 2 ulp, several times fewer instructions).
 
+With ``LEAN`` (``KernelConfig(scratch="lean")``) the per-program scratch shrinks from 315 to 99 KB (1 shot, bf16):
+the backward computes ``h1`` and ``h2`` again from the tile's inputs instead of reading them back, the inputs are
+kept in rows of ``M`` columns rounded up to 8 (``X0_COLS``) instead of ``K_PAD``, and the weight gradients in the
+compute dtype (they are rounded to it anyway). More tensor-core work, 38% fewer bytes per Adam step, and the state
+and scratch of 132 programs, one per SM, fit an H100's 50 MB L2 cache (43 MB instead of 72 MB; docs/gpu.md). The
+same values, so the same results.
+
 Rounding follows :mod:`.triton_kernels` (``PRECISION``, ``INTERPRET``): the same values are rounded to bf16 at the
 same places, so both kernels agree with the ``fused`` engine to float rounding.
 """
@@ -72,30 +79,73 @@ def _pair_sums(sums, weights, values, PRECISION: tl.constexpr, INTERPRET: tl.con
 
 
 @triton.jit
+def _hidden1(x0, weights1, bias1, slope, BLOCK_P: tl.constexpr, H1: tl.constexpr, PRECISION: tl.constexpr,
+             INTERPRET: tl.constexpr):
+    """The navigator's first hidden layer ``h1 = LeakyReLU(x0 W1 + b1)`` of a pair tile, in the compute dtype."""
+    acc = _dot(x0, weights1, tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION, INTERPRET)
+    return _leaky(_compute(acc + bias1[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
+
+
+@triton.jit
+def _hidden2(h1, weights2, bias2, slope, BLOCK_P: tl.constexpr, H2: tl.constexpr, PRECISION: tl.constexpr,
+             INTERPRET: tl.constexpr):
+    """The second hidden layer ``h2 = LeakyReLU(h1 W2 + b2)`` of a pair tile, in the compute dtype."""
+    acc = _dot(h1, weights2, tl.zeros((BLOCK_P, H2), dtype=tl.float32), PRECISION, INTERPRET)
+    return _leaky(_compute(acc + bias2[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
+
+
+@triton.jit
+def _store_inputs(x0_scratch, x0, pairs, basis, X0_COLS: tl.constexpr, K_PAD: tl.constexpr):
+    """A pair tile's inputs ``[BLOCK_P, K_PAD]`` (columns from ``M`` on: zeros) to the scratch, in rows of
+    ``X0_COLS`` columns: ``K_PAD``, or with ``LEAN`` ``M`` rounded up to 8 (16-byte rows in bf16; 80 columns
+    instead of 128 at 1 shot)."""
+    if X0_COLS == K_PAD:
+        tl.store(x0_scratch + pairs[:, None] * K_PAD + basis[None, :], x0)
+    else:
+        tl.store(x0_scratch + pairs[:, None] * X0_COLS + basis[None, :], x0, mask=(basis < X0_COLS)[None, :])
+
+
+@triton.jit
+def _load_inputs(x0_scratch, pairs, basis, X0_COLS: tl.constexpr, K_PAD: tl.constexpr):
+    """A pair tile's inputs ``[BLOCK_P, K_PAD]`` from the scratch that :func:`_store_inputs` wrote."""
+    if X0_COLS == K_PAD:
+        return tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :])
+    else:
+        return tl.load(x0_scratch + pairs[:, None] * X0_COLS + basis[None, :], mask=(basis < X0_COLS)[None, :],
+                       other=0.0)
+
+
+@triton.jit
 def _forward_tile(x0, pairs, weights1, weights2, bias1, bias2, w3_row, bias3, slope, h1_scratch, h2_scratch,
                   logit_scratch, hidden1, hidden2, BLOCK_P: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr,
-                  PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """The navigator's forward of a pair tile: ``h1``, ``h2`` and the logits ``−(h2·w3 + b3)`` to the scratch."""
-    acc = _dot(x0, weights1, tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION, INTERPRET)
-    h1 = _leaky(_compute(acc + bias1[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
-    tl.store(h1_scratch + pairs[:, None] * H1 + hidden1[None, :], h1)
-    acc = _dot(h1, weights2, tl.zeros((BLOCK_P, H2), dtype=tl.float32), PRECISION, INTERPRET)
-    h2 = _leaky(_compute(acc + bias2[None, :], PRECISION, INTERPRET), slope, PRECISION, INTERPRET)
-    tl.store(h2_scratch + pairs[:, None] * H2 + hidden2[None, :], h2)
+                  LEAN: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The navigator's forward of a pair tile: the logits ``−(h2·w3 + b3)`` to the scratch, and ``h1``, ``h2``
+    too unless the backward computes them again (``LEAN``)."""
+    h1 = _hidden1(x0, weights1, bias1, slope, BLOCK_P, H1, PRECISION, INTERPRET)
+    if not LEAN:
+        tl.store(h1_scratch + pairs[:, None] * H1 + hidden1[None, :], h1)
+    h2 = _hidden2(h1, weights2, bias2, slope, BLOCK_P, H2, PRECISION, INTERPRET)
+    if not LEAN:
+        tl.store(h2_scratch + pairs[:, None] * H2 + hidden2[None, :], h2)
     out = _rounded(tl.sum(h2.to(tl.float32) * w3_row[None, :], axis=1), PRECISION, INTERPRET)
     tl.store(logit_scratch + pairs, -(out + bias3))
 
 
 @triton.jit
-def _backward_tile(pairs, pair_ok, x0, weights2, w3_row, ones_row, row0, slope, gout_scratch, h1_scratch,
-                   h2_scratch, hidden1, hidden2, grad_w1, grad_w2, sums_w3, sums_b2, grad_b1, grad_b3,
-                   BLOCK_P: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, PRECISION: tl.constexpr,
-                   INTERPRET: tl.constexpr):
+def _backward_tile(pairs, pair_ok, x0, weights1, weights2, bias1, bias2, w3_row, ones_row, row0, slope,
+                   gout_scratch, h1_scratch, h2_scratch, hidden1, hidden2, grad_w1, grad_w2, sums_w3, sums_b2,
+                   grad_b1, grad_b3, BLOCK_P: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, LEAN: tl.constexpr,
+                   PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     """The backward of a pair tile from ``∂L/∂logits`` in the scratch: every gradient sum updated (``w3``'s and
-    ``b2``'s as :func:`_pair_sums`; ``row0``: ``[16]``, true in row 0)."""
+    ``b2``'s as :func:`_pair_sums`; ``row0``: ``[16]``, true in row 0). ``h1`` and ``h2`` come from the scratch,
+    or (``LEAN``) are computed again from the tile's inputs, the same values."""
     g_out = tl.load(gout_scratch + pairs, mask=pair_ok, other=0.0)
     grad_b3 += g_out
-    h2 = tl.load(h2_scratch + pairs[:, None] * H2 + hidden2[None, :])
+    if not LEAN:
+        h2 = tl.load(h2_scratch + pairs[:, None] * H2 + hidden2[None, :])
+    else:
+        h1 = _hidden1(x0, weights1, bias1, slope, BLOCK_P, H1, PRECISION, INTERPRET)
+        h2 = _hidden2(h1, weights2, bias2, slope, BLOCK_P, H2, PRECISION, INTERPRET)
     g_out_row = tl.load(gout_scratch + pairs[None, :] + 0 * row0[:, None], mask=row0[:, None] & pair_ok[None, :],
                         other=0.0)
     sums_w3 = _pair_sums(sums_w3, _compute(g_out_row, PRECISION, INTERPRET), h2, PRECISION, INTERPRET)
@@ -103,7 +153,8 @@ def _backward_tile(pairs, pair_ok, x0, weights2, w3_row, ones_row, row0, slope, 
     g2 = _leaky_backward(_compute(g3[:, None] * w3_row[None, :], PRECISION, INTERPRET), h2, slope, PRECISION,
                          INTERPRET)
     sums_b2 = _pair_sums(sums_b2, ones_row, g2, PRECISION, INTERPRET)
-    h1 = tl.load(h1_scratch + pairs[:, None] * H1 + hidden1[None, :])
+    if not LEAN:
+        h1 = tl.load(h1_scratch + pairs[:, None] * H1 + hidden1[None, :])
     grad_w2 = _dot(tl.trans(h1), g2, grad_w2, PRECISION, INTERPRET)
     g1 = _dot(g2, tl.trans(weights2), tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION, INTERPRET)
     g1 = _leaky_backward(_compute(g1, PRECISION, INTERPRET), h1, slope, PRECISION, INTERPRET)
@@ -148,7 +199,8 @@ def e_step_kernel_wide(
     Q: tl.constexpr, N: tl.constexpr, M: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, W3S: tl.constexpr,
     Q_PAD: tl.constexpr, N_PAD: tl.constexpr, P_PAD: tl.constexpr, BLOCK_P: tl.constexpr, K_PAD: tl.constexpr,
     PRECISION: tl.constexpr, INTERPRET: tl.constexpr, LERP_FROM_END: tl.constexpr, BALANCE: tl.constexpr,
-    ADAM_BLOCK: tl.constexpr = 2048, EXACT: tl.constexpr = True,
+    ADAM_BLOCK: tl.constexpr = 2048, EXACT: tl.constexpr = True, LEAN: tl.constexpr = False,
+    X0_COLS: tl.constexpr = 128,
 ):
     """``inner_steps`` Adam steps of every active task's navigator (one program, several tasks in turn); the
     arguments of :func:`.triton_kernels.e_step_kernel`, plus the inputs' scratch and one scratch for both weight
@@ -164,7 +216,7 @@ def e_step_kernel_wide(
     classes = tl.arange(0, N_PAD)
     head_mask = (rows[:, None] < Q) & (classes[None, :] < N)
     head_index = rows[:, None] * N + classes[None, :]
-    x0_scratch = x0_ptr + pid.to(tl.int64) * (P_PAD * K_PAD)
+    x0_scratch = x0_ptr + pid.to(tl.int64) * (P_PAD * X0_COLS)
     h1_scratch = h1_ptr + pid.to(tl.int64) * (P_PAD * H1)
     h2_scratch = h2_ptr + pid.to(tl.int64) * (P_PAD * H2)
     logit_scratch = logit_ptr + pid.to(tl.int64) * P_PAD
@@ -190,7 +242,7 @@ def e_step_kernel_wide(
             for p0 in range(0, P_PAD, BLOCK_P):
                 pairs = p0 + tile
                 x0 = _rounded(_inputs(query, protos, pairs, pairs < P, basis, N, M), PRECISION, INTERPRET)
-                tl.store(x0_scratch + pairs[:, None] * K_PAD + basis[None, :], x0)
+                _store_inputs(x0_scratch, x0, pairs, basis, X0_COLS, K_PAD)
             tl.debug_barrier()
             for step in range(inner_steps):
                 bias1 = _rounded(tl.load(params_ptr + b1 + hidden1), PRECISION, INTERPRET)
@@ -199,14 +251,15 @@ def e_step_kernel_wide(
                 bias3 = tl.load(params_ptr + b3)
                 weights2 = _compute(tl.load(params_ptr + w2 + hidden1[:, None] * H2 + hidden2[None, :]), PRECISION,
                                     INTERPRET)
-                # ---- 1. forward, tile by tile: h1, h2 and the logits to the scratch
+                # ---- 1. forward, tile by tile: the logits (and h1, h2 unless LEAN) to the scratch
                 weights1 = _compute(tl.load(params_ptr + w1 + basis[:, None] * H1 + hidden1[None, :],
                                             mask=(basis < M)[:, None], other=0.0), PRECISION, INTERPRET)
                 for p0 in range(0, P, BLOCK_P):
                     pairs = p0 + tile
-                    _forward_tile(tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :]), pairs, weights1,
-                                  weights2, bias1, bias2, w3_row, bias3, slope, h1_scratch, h2_scratch, logit_scratch,
-                                  hidden1, hidden2, BLOCK_P, H1, H2, PRECISION, INTERPRET)
+                    x0 = _load_inputs(x0_scratch, pairs, basis, X0_COLS, K_PAD)
+                    _forward_tile(x0, pairs, weights1, weights2, bias1, bias2, w3_row, bias3, slope, h1_scratch,
+                                  h2_scratch, logit_scratch, hidden1, hidden2, BLOCK_P, H1, H2, LEAN, PRECISION,
+                                  INTERPRET)
                 tl.debug_barrier()
                 # ---- 2. the CT head (loss.ct_loss_gradient): π_f, π_b and ∂L/∂logits on the [Q, N] block
                 _ct_head(logit_scratch, gout_scratch, forward_ptr + t * (Q * N), backward_ptr + t * (Q * N), cost,
@@ -221,10 +274,11 @@ def e_step_kernel_wide(
                 grad_b3 = tl.zeros((BLOCK_P,), dtype=tl.float32)
                 for p0 in range(0, P, BLOCK_P):
                     pairs = p0 + tile
+                    x0 = _load_inputs(x0_scratch, pairs, basis, X0_COLS, K_PAD)
                     grad_w1, grad_w2, sums_w3, sums_b2, grad_b1, grad_b3 = _backward_tile(
-                        pairs, pairs < P, tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :]), weights2,
-                        w3_row, ones_row, row0, slope, gout_scratch, h1_scratch, h2_scratch, hidden1, hidden2,
-                        grad_w1, grad_w2, sums_w3, sums_b2, grad_b1, grad_b3, BLOCK_P, H1, H2, PRECISION, INTERPRET)
+                        pairs, pairs < P, x0, weights1, weights2, bias1, bias2, w3_row, ones_row, row0, slope,
+                        gout_scratch, h1_scratch, h2_scratch, hidden1, hidden2, grad_w1, grad_w2, sums_w3, sums_b2,
+                        grad_b1, grad_b3, BLOCK_P, H1, H2, LEAN, PRECISION, INTERPRET)
                 grad_w3 = tl.sum(sums_w3, axis=0)
                 grad_b2 = tl.sum(sums_b2, axis=0)
                 # ∂W1 and ∂W2 through the scratch, so that Adam updates each as flat blocks of ADAM_BLOCK elements
@@ -242,13 +296,13 @@ def e_step_kernel_wide(
                 for e0 in range(0, M * H1, ADAM_BLOCK):
                     flat = e0 + adam_block
                     _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w1 + flat,
-                               tl.load(dw1_scratch + flat, mask=flat < M * H1, other=0.0),
+                               tl.load(dw1_scratch + flat, mask=flat < M * H1, other=0.0).to(tl.float32),
                                flat < M * H1, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps,
                                LERP_FROM_END, EXACT)
                 for e0 in range(0, H1 * H2, ADAM_BLOCK):
                     flat = e0 + adam_block
                     _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w2 + flat,
-                               tl.load(dw2_scratch + flat, mask=flat < H1 * H2, other=0.0),
+                               tl.load(dw2_scratch + flat, mask=flat < H1 * H2, other=0.0).to(tl.float32),
                                flat < H1 * H2, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps,
                                LERP_FROM_END, EXACT)
                 _adam(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w3 + hidden2 * W3S,
