@@ -384,3 +384,33 @@ def test_base_features_notice_once_and_mean_used(tmp_path, monkeypatch) -> None:
     settings = settings_from_config(load_evaluate_config([*common, f"base_features={wrong}"]))
     with pytest.raises(FeatureError, match="d=5"):
         evaluate_features(feature_set, settings, lambda _: None)
+
+
+@pytest.mark.parametrize("methods,covariance", [("[simpleshot]", False), ("[simpleshot,bavardage]", True)])
+def test_a_run_reads_its_base_features_file_once(tmp_path, monkeypatch, methods, covariance) -> None:
+    """``evaluate.py`` checks ``base_features`` before its run folder exists and its methods use the statistics
+    later: the file is read once (a 98 MB file of miniImageNet's base classes takes 0.3-1 s), with BAVARDAGE's
+    scatter computed at the check. Each caller gets its own copy, and a file rewritten in between is read again.
+    Kills: no cache (two reads), a check that computes no scatter when a method needs it (a second read), a cache
+    that hands out the same tensors (a caller's in-place change would reach the next run) or that ignores a
+    rewritten file."""
+    from lightning_putm.evaluation import load_evaluate_config, settings_from_config, sources
+
+    reads: list[str] = []
+    real = sources.load_features
+    monkeypatch.setattr(sources, "load_features", lambda path, **kw: reads.append(str(path)) or real(path, **kw))
+    rows = torch.arange(64, dtype=torch.float32).view(4, 16)
+    path = save_features(FeatureSet(rows, torch.tensor([0, 0, 1, 1]), ["a", "b"]), tmp_path / "base.pt")
+    settings = settings_from_config(load_evaluate_config([f"methods={methods}", f"base_features={path}"]))
+    sources.check_base_features(settings, 16)
+    first = sources.load_base_statistics(settings, 16, lambda _: None)
+    assert len(reads) == 1
+    torch.testing.assert_close(first.mean, rows.mean(0))
+    assert (first.covariance is not None) == covariance
+    first.mean.zero_()  # a caller's in-place change
+    again = sources.load_base_statistics(settings, 16, lambda _: None)
+    torch.testing.assert_close(again.mean, rows.mean(0))
+    assert len(reads) == 1
+    save_features(FeatureSet(rows + 1, torch.tensor([0, 0, 1, 1]), ["a", "b"]), path)  # rewritten
+    torch.testing.assert_close(sources.load_base_statistics(settings, 16, lambda _: None).mean, rows.mean(0) + 1)
+    assert len(reads) == 2
