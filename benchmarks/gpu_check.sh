@@ -9,7 +9,7 @@
 #   2. solver=triton, 1-shot, tasks/s at T = 1000 (+ the reference on the same GPU when a checkout is given)
 #                                                                                     bench_putm.py
 #   3. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
-#      reasons, pipe and memory use; skipped without ncu)
+#      reasons, pipe and memory use; the default and the lean scratch; skipped without ncu)
 #   4. the kernels compared: the chunked kernel (the first design), the wide kernel's previous default (1 pipeline
 #      stage) and its configurations around today's default (pair tile, warps, exact or fast Adam, register cap,
 #      pipeline stages), T = 1000, 50 EM steps each; when fast Adam beat the default, the fastest row once more
@@ -228,12 +228,16 @@ run_step "Triton kernel: CUDA tests" text "$PYTHON" -m pytest -m cuda -q -p no:c
 run_step "PUTM solver, --solver triton, 1-shot, T = 1000" text "${TRITON[@]}" --sizes 1000 "${REFERENCE_ARGS[@]}"
 sweep_row "$DEFAULT_VARIANT" " (default)"
 # 3: where an E-step's time goes (before the sweep, so that a short slot still gets it): the 6th launch of the
-#    E-step kernel, the 4th of the timed run (the warm-up's two and the first E-steps' passed)
+#    E-step kernel, the 4th of the timed run (the warm-up's two and the first E-steps' passed), for the default
+#    configuration and for the lean scratch (whose point is the L2 hit rate: the profiles say whether it moved)
 if command -v ncu >/dev/null; then
-    run_step "Triton kernel: Nsight Compute profile of one E-step of 1000 tasks" text ncu --launch-skip 5 \
-        --launch-count 1 -k regex:e_step_kernel --section SpeedOfLight --section Occupancy --section LaunchStats \
-        --section WarpStateStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
-        "${TRITON[@]}" --sizes 1000 --em-steps 5
+    for SCRATCH in full lean; do
+        run_step "Triton kernel: Nsight Compute profile of one E-step of 1000 tasks ($SCRATCH scratch)" text ncu \
+            --launch-skip 5 --launch-count 1 -k regex:e_step_kernel --section SpeedOfLight --section Occupancy \
+            --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
+            --section MemoryWorkloadAnalysis "${TRITON[@]}" --sizes 1000 --em-steps 5 \
+            $([[ $SCRATCH == lean ]] && echo --triton-scratch lean)
+    done
 else
     echo "| Triton kernel: Nsight Compute profile | SKIPPED (no ncu on PATH) | 0 |" >>"$SUMMARY"
 fi

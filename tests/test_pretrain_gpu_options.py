@@ -277,8 +277,12 @@ def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path: Path) -> None:
     stub.write_text(STUB_PYTHON)
     stub.chmod(0o755)
     out = tmp_path / "reports"
+    tools = tmp_path / "bin"  # a stand-in Nsight Compute that prints what it was asked to profile
+    tools.mkdir()
+    (tools / "ncu").write_text('#!/usr/bin/env bash\necho "profiled: $*"\n')
+    (tools / "ncu").chmod(0o755)
     env = {**os.environ, "PYTHON": str(stub), "GPU_CHECK_ASSUME_GPU": "1", "GPU_CHECK_OUT": str(out),
-           "GPU_CHECK_WHEELS": str(tmp_path / "no-wheels")}
+           "GPU_CHECK_WHEELS": str(tmp_path / "no-wheels"), "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
@@ -295,6 +299,12 @@ def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path: Path) -> None:
     assert "| PUTM solver, default settings (solver=auto, basis=auto) | passed |" in text
     assert "`python3 benchmarks/bench_putm.py --device cuda --sizes 1000 10000 --stream-tasks 10000 " \
            "--memory-budget-mb 32768` — passed" in text.replace(str(stub), "python3")
+    # step 3 profiles the default configuration and the lean scratch, one E-step launch each
+    for scratch, flag in (("full", "--em-steps 5`"), ("lean", "--em-steps 5 --triton-scratch lean`")):
+        title = f"Triton kernel: Nsight Compute profile of one E-step of 1000 tasks ({scratch} scratch)"
+        assert f"| {title} | passed |" in text
+        command = text.split(f"## {title}\n")[1].split("\n")[1]
+        assert command.startswith("`ncu --launch-skip 5 --launch-count 1 -k regex:e_step_kernel") and flag in command
     # the kernel sweep's table: every row, the fastest first, a failed row without a rate
     sweep = text.split("## Triton kernel sweep")[1].split("\n\n")[2].splitlines()[2:]
     # approximate Adam (700) beat the default (600), so the fastest row (pair tiles of 64) ran with it too; a row
