@@ -10,10 +10,10 @@
 #                                                                                     bench_putm.py
 #   3. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
 #      reasons, pipe and memory use; the default and the lean scratch; skipped without ncu)
-#   4. the kernels compared: the chunked kernel (the first design), the wide kernel's previous default (1 pipeline
-#      stage) and its configurations around today's default (pair tile, warps, exact or fast Adam, register cap,
-#      pipeline stages), T = 1000, 50 EM steps each; when fast Adam beat the default, the fastest row once more
-#      with fast Adam                                                                 bench_putm.py --triton-*
+#   4. the kernels compared, the rows never timed first: the wide kernel's lean scratch, its configurations around
+#      today's default (pair tile, warps, exact or fast Adam, register cap, pipeline stages), then the chunked
+#      kernel (the first design) and the previous default (1 pipeline stage), T = 1000, 50 EM steps each; when
+#      fast Adam beat the default, the fastest row once more with fast Adam             bench_putm.py --triton-*
 #   5. the fastest configuration of steps 2 and 4: tasks/s at T = 10000 (1 shot), at T = 1000 (+ the reference)
 #      and 10000 (5 shots), its cross-checks against the fp32 engine with the noise floor (1 and 5 shots); the
 #      default settings as a user gets them (solver=auto, basis=auto) at T = 1000 and 10000; the reference at

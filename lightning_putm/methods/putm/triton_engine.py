@@ -391,8 +391,7 @@ class TritonTrainer(Engine):
         """The per-program activations (kept between launches of the same size). ``wide`` = ``(k_pad, m)`` for the
         wide kernel: the inputs ``[pairs, k_pad]`` and room for both ``∂W1`` (``m`` rows) and ``∂W2``. ``lean``
         (``KernelConfig(scratch="lean")``): inputs in rows of :func:`input_columns`, the weight gradients in
-        ``dtype``, and no room
-        for the activations (one element stands in, never read)."""
+        ``dtype``, and no room for the activations (one element stands in, never read)."""
         k_pad, m = wide
         shape = (programs, pairs, h1, h2, dtype, wide, lean)
         if self._scratch.get("shape") != shape:

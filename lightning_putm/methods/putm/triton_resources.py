@@ -40,8 +40,7 @@ def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[in
     """The kernel compiled for an H100 (``GPUTarget("cuda", 90, 32)``) exactly as the engine would launch it for
     ``tasks`` tasks: ``(compiled, constants)``. ``precision``: 0 fp32, 1 TF32, 2 bf16 (:mod:`.triton_kernels`);
     ``kernel``, ``exact_adam``, ``max_registers``, ``num_stages``, ``scratch``: as in
-    :class:`.triton_engine.KernelConfig`
-    (``num_stages=None``: the kernel's default).
+    :class:`.triton_engine.KernelConfig` (``num_stages=None``: the kernel's default).
 
     The arguments are the engine's own (:meth:`.triton_engine.TritonTrainer.kernel_arguments`, on CPU tensors), and
     Triton's launcher decides how they specialize the build, as on the GPU: pointers aligned to 16 bytes and
