@@ -21,7 +21,7 @@ import torch
 from helpers.tasks import clustered_tasks
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods import build_method, method_display_name, method_uses_class_prior
-from lightning_putm.methods.alpha_am import AlphaAM, AlphaAMSettings, tsallis
+from lightning_putm.methods.alpha_am import AlphaAM, AlphaAMSettings, integer_power, tsallis
 from lightning_putm.tasks import TaskBatch
 
 REFERENCE_ENV = "LIGHTNING_PUTM_AM_REFERENCE"
@@ -47,8 +47,8 @@ def test_defaults_by_shots_are_the_reference_choices(shots: int, expected: tuple
     (ALPHA_AM.run_adaptation + get_alpha_values; the yaml's alpha 0.8, K 20, alpha_values 1.0 otherwise)."""
     s = AlphaAM(shots=shots).settings
     assert (s.alpha, s.k, s.entropy_alpha) == expected
-    assert (s.temperature, s.lr, s.iterations, s.loss_weights, s.phi, s.plc) == (
-        15.0, 1e-4, 1000, (1.0, 1.0, 1.0), "mus+G+Wb", True)
+    assert (s.temperature, s.lr, s.iterations, s.loss_weights, s.phi, s.plc, s.integer_powers) == (
+        15.0, 1e-4, 1000, (1.0, 1.0, 1.0), "mus+G+Wb", True, False)
 
 
 def test_explicit_values_win_and_shots_are_needed_otherwise() -> None:
@@ -73,6 +73,35 @@ def test_tsallis_entropy_hand_values() -> None:
     shannon = torch.tensor([math.log(2), -(0.2 * math.log(0.2) + 0.3 * math.log(0.3) + 0.5 * math.log(0.5))])
     assert torch.allclose(tsallis(p, 1.0), shannon)
     assert torch.isfinite(tsallis(p, 1.0)).all()
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7, 8, 13])
+def test_integer_power_and_its_gradient_are_pow_s(n: int) -> None:
+    """Kills: a repeated squaring that drops or repeats a factor (e.g. the odd bit of n), or a backward with the
+    wrong exponent or without the factor n."""
+    x = torch.rand(64, 5, generator=torch.Generator().manual_seed(n), dtype=torch.float64) + 0.2
+    assert torch.allclose(integer_power(x, n), x.pow(n), rtol=1e-14, atol=0)
+    if n < 2:
+        return
+    p = x.clone().requires_grad_(True)
+    tsallis(p, float(n), integer_powers=True).sum().backward()
+    assert torch.allclose(p.grad, -n * x.pow(n - 1) / (n - 1), rtol=1e-14, atol=0)
+
+
+def test_integer_powers_give_each_row_the_same_bits_in_any_batch() -> None:
+    """Kills: `integer_powers` ignored (torch.pow: on the CPU its vectorized body and scalar tail can round an
+    entry differently, so a row's gradient depends on how many rows share the tensor)."""
+    p = torch.softmax(torch.randn(64, 5, generator=torch.Generator().manual_seed(0)), dim=1)
+
+    def grads(rows: torch.Tensor) -> torch.Tensor:
+        rows = rows.clone().requires_grad_(True)
+        tsallis(rows, 5.0, 1e-12, integer_powers=True).sum().backward()
+        return rows.grad
+
+    batched = grads(p)
+    alone = torch.cat([grads(p[i:i + 1]) for i in range(len(p))])
+    assert torch.equal(batched, alone)
+    assert torch.allclose(tsallis(p, 5.0, integer_powers=True), tsallis(p, 5.0), rtol=1e-6, atol=0)
 
 
 def test_graph_hand_computed() -> None:
@@ -174,6 +203,47 @@ def test_batched_equals_one_task_at_a_time_and_chunking() -> None:
     assert torch.equal(together.argmax(2), alone.argmax(2))
     chunked = AlphaAM(shots=2, iterations=25, memory_budget_mb=1e-3).predict(tasks)
     assert torch.allclose(together, chunked, atol=1e-5)
+
+
+def test_the_objective_gives_each_task_the_same_gradient_bits_alone_and_in_a_batch() -> None:
+    """Kills: `integer_powers` ignored, or not reaching the marginal or the conditional entropy (at 5 shots, entropy
+    order 5, torch.pow's CPU kernel gave 8 of these 64 tasks other gradient bits in a batch than alone; over 1000
+    Adam steps that moved predictions with the chunk size, docs/methods/alpha_am.md)."""
+    method = AlphaAM(shots=5, integer_powers=True)
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(64, 5 + 25 + 75, 5, generator=generator) * 3
+    one_hot = torch.nn.functional.one_hot(torch.arange(25) % 5, 5).float().expand(64, 25, 5)
+
+    def gradient(rows: slice) -> torch.Tensor:
+        leaf = scores[rows].clone().requires_grad_(True)
+        method.objective(leaf, one_hot[rows]).sum().backward()
+        return leaf.grad
+
+    assert torch.equal(gradient(slice(None)), torch.cat([gradient(slice(i, i + 1)) for i in range(64)]))
+
+
+def test_the_default_objective_takes_torch_pow_as_the_reference_does() -> None:
+    """Kills: the integer powers used whatever `integer_powers` says (the default must be the reference's
+    torch.pow, bit for bit, value and gradient: 1000 Adam steps turn last-bit differences into other
+    predictions)."""
+    generator = torch.Generator().manual_seed(1)
+    scores = torch.randn(64, 5 + 25 + 75, 5, generator=generator) * 3
+    one_hot = torch.nn.functional.one_hot(torch.arange(25) % 5, 5).float().expand(64, 25, 5)
+
+    def reference(leaf: torch.Tensor) -> torch.Tensor:
+        probs = torch.softmax(leaf[:, 30:], dim=2)
+        marginal = (1.0 - probs.mean(1).pow(5.0).sum(-1)) / 4.0
+        conditional = ((1.0 - (probs + 1e-12).pow(5.0).sum(-1)) / 4.0).mean(1)
+        ce = -(one_hot * torch.log(torch.softmax(leaf[:, 5:30], dim=2) + 1e-12)).sum(2).mean(1)
+        return ce - (marginal - conditional)
+
+    ours, theirs = scores.clone().requires_grad_(True), scores.clone().requires_grad_(True)
+    value = AlphaAM(shots=5).objective(ours, one_hot)
+    expected = reference(theirs)
+    value.sum().backward()
+    expected.sum().backward()
+    assert torch.equal(value, expected)
+    assert torch.equal(ours.grad, theirs.grad)
 
 
 def test_queries_are_permutation_equivariant() -> None:

@@ -33,7 +33,9 @@ reference (NaN), so here it is the Shannon limit. The method needs no class prio
 
 Deviations from the reference (docs/methods/alpha_am.md): ``k`` is capped at ``n − 1`` (the reference's
 ``topk`` fails for ``k ≥ n + 1``; at ``k = n`` it also picks the zero diagonal, the same graph); works for any
-N, K, Q and device (the reference calls ``.cuda()``); the Tsallis entropies at α = 1 are Shannon's.
+N, K, Q and device (the reference calls ``.cuda()``); the Tsallis entropies at α = 1 are Shannon's. Option
+``integer_powers`` (off: the reference's ``torch.pow``): whole-number entropy orders by multiplications, so that on
+the CPU a task's result does not depend on how many tasks share its chunk (:class:`_IntegerPower`).
 """
 
 from __future__ import annotations
@@ -58,11 +60,46 @@ PHI_CHOICES = ("mus", "mus+G", "mus+Wb", "mus+G+Wb")
 EPS = 1e-12
 
 
-def tsallis(p: torch.Tensor, alpha: float, eps: float = 0.0) -> torch.Tensor:
+def integer_power(x: torch.Tensor, n: int) -> torch.Tensor:
+    """``x**n`` for an integer ``n ≥ 1`` by repeated squaring: multiplications only, which round the same in
+    every element whatever tensor it is in."""
+    result, base = None, x
+    while True:
+        if n & 1:
+            result = base if result is None else result * base
+        n >>= 1
+        if not n:
+            return result
+        base = base * base
+
+
+class _IntegerPower(torch.autograd.Function):
+    """``x**n`` (integer ``n ≥ 2``) and its gradient ``g·n·x**(n−1)``, the formulas of ``torch.pow``'s, by
+    multiplications (:func:`integer_power`). Why: ``torch.pow``'s CPU kernel computes the vectorized body and the
+    scalar tail of a tensor with routines that can differ in the last bit, so which routine a task's entries get
+    depends on how many tasks share the tensor, and 1000 Adam steps turn that into different predictions."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.n = n
+        return integer_power(x, n)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return grad * (ctx.n * integer_power(x, ctx.n - 1)), None
+
+
+def tsallis(p: torch.Tensor, alpha: float, eps: float = 0.0, integer_powers: bool = False) -> torch.Tensor:
     """Tsallis α-entropy ``(1 − Σ_k (p_k + eps)^α)/(α − 1)`` over the last dimension; at α = 1 its limit,
-    Shannon's ``−Σ_k p_k log(p_k + eps)`` (with a floor that keeps ``0·log 0 = 0``)."""
+    Shannon's ``−Σ_k p_k log(p_k + eps)`` (with a floor that keeps ``0·log 0 = 0``). ``integer_powers``: an
+    integral α ≥ 2 by multiplications (:class:`_IntegerPower`: the same result in any batch), else ``torch.pow``
+    (the reference's)."""
     if alpha == 1.0:
         return -(p * (p + eps).clamp_min(1e-30).log()).sum(-1)
+    if integer_powers and float(alpha).is_integer() and alpha >= 2:
+        return (1.0 - _IntegerPower.apply(p + eps, int(alpha)).sum(-1)) / (alpha - 1.0)
     return (1.0 - (p + eps).pow(alpha).sum(-1)) / (alpha - 1.0)
 
 
@@ -104,6 +141,9 @@ class AlphaAMSettings(MethodOptions):
                       help="parameters learnt: centroids (mus), kernel scales (G), edge weights (Wb)")
     plc: bool = option(True, help="power, L2, centre, L2 preprocessing (the reference's --plc); false = L2 only")
     beta: float = option(0.5, low=0, low_open=True, help="power transform sign(x)(|x| + 1e-6)^beta (plc only)")
+    integer_powers: bool = option(
+        False, help="Tsallis powers of integral orders (2, 5) by multiplications, so that on the CPU a task's result "
+        "does not depend on how many tasks share its chunk; false = torch.pow, the reference's")
 
     def resolve(self, *, shots: int | None, balanced: bool | None) -> AlphaAMSettings:
         missing = [name for name in ("alpha", "k", "entropy_alpha") if getattr(self, name) is None]
@@ -186,8 +226,8 @@ class AlphaAM(FewShotMethod):
         ways, s = support_one_hot.shape[2], support_one_hot.shape[1]
         ce = -(support_one_hot * torch.log(torch.softmax(scores[:, ways:ways + s], dim=2) + EPS)).sum(2).mean(1)
         probs = torch.softmax(scores[:, ways + s:], dim=2)
-        marginal = tsallis(probs.mean(1), self.entropy_alpha)
-        conditional = tsallis(probs, self.entropy_alpha, EPS).mean(1)
+        marginal = tsallis(probs.mean(1), self.entropy_alpha, integer_powers=self.integer_powers)
+        conditional = tsallis(probs, self.entropy_alpha, EPS, self.integer_powers).mean(1)
         w_ce, w_marginal, w_conditional = self.loss_weights
         return w_ce * ce - (w_marginal * marginal - w_conditional * conditional)
 
