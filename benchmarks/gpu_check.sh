@@ -13,7 +13,8 @@
 #   4. the kernels compared, the rows never timed first: the wide kernel's lean scratch, its configurations around
 #      today's default (pair tile, warps, exact or fast Adam, register cap, pipeline stages), then the chunked
 #      kernel (the first design) and the previous default (1 pipeline stage), T = 1000, 50 EM steps each; when
-#      fast Adam beat the default, the fastest row once more with fast Adam             bench_putm.py --triton-*
+#      fast Adam beat the default, the fastest row once more with fast Adam; when the lean scratch beat it, the
+#      fastest row once more with the lean scratch                                     bench_putm.py --triton-*
 #   5. the fastest configuration of steps 2 and 4: tasks/s at T = 10000 (1 shot), at T = 1000 (+ the reference)
 #      and 10000 (5 shots), its cross-checks against the fp32 engine with the noise floor (1 and 5 shots); the
 #      default settings as a user gets them (solver=auto, basis=auto) at T = 1000 and 10000; the reference at
@@ -269,6 +270,17 @@ if [[ -n "${RATE_OF[$FAST_ADAM]:-}" && -n "${RATE_OF[$DEFAULT_VARIANT]:-}" && $B
     COMBINED="${BEST_VARIANT/ exact / fast }"
     variant_args "$COMBINED"
     run_step "Triton sweep $VARIANT_NAME (the fastest row, with approximate Adam)" text "${TRITON[@]}" --sizes 1000 \
+        "${VARIANT_ARGS[@]}"
+    sweep_row "$COMBINED" ""
+fi
+# Likewise the lean scratch changes only what a program keeps in memory between the phases of an Adam step: when it
+# beat the default (both with 3 stages), the fastest row, if it keeps the full scratch, is timed with the lean one.
+LEAN_DEFAULT="${DEFAULT_VARIANT% -} lean"
+if [[ -n "${RATE_OF[$LEAN_DEFAULT]:-}" && -n "${RATE_OF[$DEFAULT_VARIANT]:-}" && $BEST_VARIANT == *" -" ]] \
+    && awk -v a="${RATE_OF[$LEAN_DEFAULT]}" -v b="${RATE_OF[$DEFAULT_VARIANT]}" 'BEGIN {exit !(a + 0 > b + 0)}'; then
+    COMBINED="${BEST_VARIANT% -} lean"
+    variant_args "$COMBINED"
+    run_step "Triton sweep $VARIANT_NAME (the fastest row, with the lean scratch)" text "${TRITON[@]}" --sizes 1000 \
         "${VARIANT_ARGS[@]}"
     sweep_row "$COMBINED" ""
 fi

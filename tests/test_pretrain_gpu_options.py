@@ -254,11 +254,13 @@ case "$*" in
     *"-m pytest -m cuda"*) echo "4 passed" ;;
     *"--solver compiled"*) echo "compiled solver crashed"; exit 3 ;;
     *crosscheck_putm.py*) echo "agreement 99.9%" ;;
+    *"--triton-scratch lean --triton-block-p 64"*) echo "ours           cuda     1000      1      1.18   850.000" ;;
     *"--triton-adam fast"*"--triton-block-p 64"*) echo "ours           cuda     1000      1      1.10   909.090" ;;
     *"--triton-block-p 64"*) echo "ours           cuda     1000      1      1.23   812.500" ;;
     *"--triton-warps 8 --triton-adam fast"*) echo "ours           cuda     1000      1      1.43   700.000" ;;
     *"--triton-warps 16"*) echo "Triton compile error"; exit 4 ;;
     *"--triton-stages 4 --triton-scratch lean"*) echo "ours           cuda     1000      1      1.82   550.000" ;;
+    *"--triton-adam exact --triton-scratch lean"*) echo "ours           cuda     1000      1      1.54   650.000" ;;
     *--triton-kernel*) echo "ours           cuda     1000      1      2.50   400.000" ;;
     *"--solver triton --basis cholesky --sizes 1000"|*"--solver triton --basis cholesky --sizes 1000 --reference "*) echo "ours           cuda     1000      1      1.67   600.000" ;;
     *bench_putm.py*) echo "PUTM table" ;;
@@ -307,18 +309,22 @@ def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path: Path) -> None:
         assert command.startswith("`ncu --launch-skip 5 --launch-count 1 -k regex:e_step_kernel") and flag in command
     # the kernel sweep's table: every row, the fastest first, a failed row without a rate
     sweep = text.split("## Triton kernel sweep")[1].split("\n\n")[2].splitlines()[2:]
-    # approximate Adam (700) beat the default (600), so the fastest row (pair tiles of 64) ran with it too; a row
-    # whose stages are "-" shows the wide kernel's default, 3
-    assert sweep[:3] == ["| wide | 64 | — | 8 | fast | — | 3 | full | 909.090 | passed |",
+    # approximate Adam (700) beat the default (600), so the fastest row (pair tiles of 64) ran with it too; then the
+    # lean scratch (650) beat the default too, so that fastest row ran with the lean scratch as well; a row whose
+    # stages are "-" shows the wide kernel's default, 3
+    assert sweep[:4] == ["| wide | 64 | — | 8 | fast | — | 3 | full | 909.090 | passed |",
+                         "| wide | 64 | — | 8 | fast | — | 3 | lean | 850.000 | passed |",
                          "| wide | 64 | — | 8 | exact | — | 3 | full | 812.500 | passed |",
                          "| wide | 32 | — | 8 | fast | — | 3 | full | 700.000 | passed |"]
     assert ("| Triton sweep wide BLOCK_P=64 warps=8 Adam=fast stages=3 (the fastest row, with approximate Adam) "
             "| passed |") in text
+    assert ("| Triton sweep wide BLOCK_P=64 warps=8 Adam=fast stages=3 scratch=lean (the fastest row, with the lean "
+            "scratch) | passed |") in text
     assert "| wide (default) | 32 | — | 8 | exact | — | 3 | full | 600.000 | passed |" in sweep  # step 2's rate
     assert "| chunked | 32 | 16 | 8 | exact | — | 1 | — | 400.000 | passed |" in sweep
     assert "| wide | 32 | — | 8 | exact | — | 1 | full | 400.000 | passed |" in sweep  # the previous default
     assert "| wide | 32 | — | 8 | exact | 128 | 3 | full | 400.000 | passed |" in sweep
-    assert "| wide | 32 | — | 8 | exact | — | 3 | lean | 400.000 | passed |" in sweep
+    assert "| wide | 32 | — | 8 | exact | — | 3 | lean | 650.000 | passed |" in sweep
     assert "| wide | 32 | — | 8 | exact | — | 4 | lean | 550.000 | passed |" in sweep
     assert sweep[-1] == "| wide | 32 | — | 16 | exact | — | 3 | full | — | FAILED |"
     assert len(sweep) == 1 + len(re.findall(r"^\| Triton sweep (?!,)", text, re.M))
@@ -384,7 +390,7 @@ def test_gpu_check_budget_keeps_time_for_the_fastest_configuration(tmp_path: Pat
     kept = "SKIPPED (the budget's last 290 s are kept for the fastest configuration's steps)"
     assert f"| Triton sweep wide warps=8 Adam=fast stages=3 | {kept} | 0 |" in text
     assert len(re.findall(r"^\| Triton sweep (?!,).*SKIPPED", text, re.M)) == 13
-    assert "with approximate Adam)" not in text  # no rates, so no combined row
+    assert "with approximate Adam)" not in text and "with the lean scratch)" not in text  # no rates: no combined rows
     default = "wide warps=8 Adam=exact stages=3"
     assert f"The steps titled \"fastest: …\" ran the fastest configuration, {default} (600.000 tasks/s)." in text
     for title in ["PUTM solver, --solver triton (fastest: {}), 1-shot, T = 10000",
