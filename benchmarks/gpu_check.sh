@@ -262,27 +262,27 @@ for VARIANT in "wide - 16 8 exact - - lean" "wide - 16 8 exact - 4 lean" "wide -
     run_step "Triton sweep $VARIANT_NAME" text "${TRITON[@]}" --sizes 1000 "${VARIANT_ARGS[@]}"
     sweep_row "$VARIANT" ""
 done
-# The rows change one thing at a time. Approximate Adam changes only the Adam loops, so its gain may add to another
-# row's: when it beat the default, the fastest row with exact Adam is timed with approximate Adam too.
-FAST_ADAM="${DEFAULT_VARIANT/ exact / fast }"
-if [[ -n "${RATE_OF[$FAST_ADAM]:-}" && -n "${RATE_OF[$DEFAULT_VARIANT]:-}" && $BEST_VARIANT == *" exact "* ]] \
-    && awk -v a="${RATE_OF[$FAST_ADAM]}" -v b="${RATE_OF[$DEFAULT_VARIANT]}" 'BEGIN {exit !(a + 0 > b + 0)}'; then
-    COMBINED="${BEST_VARIANT/ exact / fast }"
-    variant_args "$COMBINED"
-    run_step "Triton sweep $VARIANT_NAME (the fastest row, with approximate Adam)" text "${TRITON[@]}" --sizes 1000 \
+# The rows change one thing at a time, so a change that beat the default may add to another row's gain: then the
+# fastest row runs once more with that change too. beat_default CHANGED_VARIANT: whether it beat the default.
+beat_default() {
+    [[ -n "${RATE_OF[$1]:-}" && -n "${RATE_OF[$DEFAULT_VARIANT]:-}" ]] \
+        && awk -v a="${RATE_OF[$1]}" -v b="${RATE_OF[$DEFAULT_VARIANT]}" 'BEGIN {exit !(a + 0 > b + 0)}'
+}
+# combined_row VARIANT CHANGE: the fastest row with CHANGE as VARIANT, timed as a row of the sweep
+combined_row() {
+    variant_args "$1"
+    run_step "Triton sweep $VARIANT_NAME (the fastest row, with $2)" text "${TRITON[@]}" --sizes 1000 \
         "${VARIANT_ARGS[@]}"
-    sweep_row "$COMBINED" ""
+    sweep_row "$1" ""
+}
+# Approximate Adam changes only the Adam loops: the fastest row, if its Adam is exact, with approximate Adam.
+if beat_default "${DEFAULT_VARIANT/ exact / fast }" && [[ $BEST_VARIANT == *" exact "* ]]; then
+    combined_row "${BEST_VARIANT/ exact / fast }" "approximate Adam"
 fi
-# Likewise the lean scratch changes only what a program keeps in memory between the phases of an Adam step: when it
-# beat the default (both with 3 stages), the fastest row, if it keeps the full scratch, is timed with the lean one.
-LEAN_DEFAULT="${DEFAULT_VARIANT% -} lean"
-if [[ -n "${RATE_OF[$LEAN_DEFAULT]:-}" && -n "${RATE_OF[$DEFAULT_VARIANT]:-}" && $BEST_VARIANT == *" -" ]] \
-    && awk -v a="${RATE_OF[$LEAN_DEFAULT]}" -v b="${RATE_OF[$DEFAULT_VARIANT]}" 'BEGIN {exit !(a + 0 > b + 0)}'; then
-    COMBINED="${BEST_VARIANT% -} lean"
-    variant_args "$COMBINED"
-    run_step "Triton sweep $VARIANT_NAME (the fastest row, with the lean scratch)" text "${TRITON[@]}" --sizes 1000 \
-        "${VARIANT_ARGS[@]}"
-    sweep_row "$COMBINED" ""
+# The lean scratch changes only what a program keeps in memory between the phases of an Adam step (it and the
+# default both with 3 stages): the fastest row, if it keeps the full scratch, with the lean one.
+if beat_default "${DEFAULT_VARIANT% -} lean" && [[ $BEST_VARIANT == *" -" ]]; then
+    combined_row "${BEST_VARIANT% -} lean" "the lean scratch"
 fi
 KEEP=0
 # 5: the sweep's fastest configuration (the default if no row beat it) for the issue's numbers: T = 10,000 at 1 and
