@@ -227,7 +227,7 @@ class AlphaAM(FewShotMethod):
         ce = -(support_one_hot * torch.log(torch.softmax(scores[:, ways:ways + s], dim=2) + EPS)).sum(2).mean(1)
         probs = torch.softmax(scores[:, ways + s:], dim=2)
         marginal = tsallis(probs.mean(1), self.entropy_alpha, integer_powers=self.integer_powers)
-        conditional = tsallis(probs, self.entropy_alpha, EPS, self.integer_powers).mean(1)
+        conditional = tsallis(probs, self.entropy_alpha, EPS, integer_powers=self.integer_powers).mean(1)
         w_ce, w_marginal, w_conditional = self.loss_weights
         return w_ce * ce - (w_marginal * marginal - w_conditional * conditional)
 
