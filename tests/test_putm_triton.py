@@ -208,8 +208,8 @@ def device_and_host_loops(shots: int, options: dict, tasks: int = 3, device: str
     read is moved by one rounding error (a random −1, 0 or +1 ulp, the largest change over :data:`FLOOR_SEEDS`).
     The device loop's M-step kernel computes those costs itself, in another order than the host's
     :func:`.triton_engine.pair_costs`, and Adam turns such differences into ±lr steps: one ulp of cost noise moved
-    the 1-shot case's probabilities by 1.5e-3 to 5.0e-3 (2026-11-28), while one ulp of noise on the prototypes
-    moved them by at most 2.6e-5."""
+    the 1-shot case's probabilities by 1.6e-5 to 1.6e-3 (six draws, 2026-11-28), while one ulp of noise on the
+    prototypes moved them by at most 5.1e-5."""
     from conftest import make_clustered_features
     from lightning_putm.data.episodes import sample_episode_bank
     from lightning_putm.methods.putm import PUTM
@@ -482,9 +482,13 @@ def test_em_loop_on_the_device_matches_the_host_loop(interpreted, case):
     device, host = result["device"], result["host"]
     signal = (host - 1 / host.shape[2]).abs().max().item()
     assert signal > 3e-3
-    # measured (2026-11-28): device against host 4.8e-3 (1-shot), 8.5e-5 (early stopping), 2.0e-4 (5-shot); the
-    # floor (one ulp of noise on the host's pair costs) 4.8e-3, 2.6e-4, 2.0e-4; signals 0.064, 0.097, 0.129
-    assert (device - host).abs().max().item() <= 2 * result["floor"].item()
+    # The rounding noise has modes (an Adam step of ±lr on a weight whose gradient is near zero, or not), so the
+    # device loop may land on one that no draw of the floor hit: allowed up to 3% of the signal too. Measured
+    # (2026-11-28): device against host, floor, signal 1.6e-3, 1.6e-3, 0.064 (1-shot), 8.5e-5, 1.7e-3, 0.097 (early
+    # stopping), 2.1e-4, 4.1e-4, 0.129 (5-shot); with MKL's alignment-dependent kernels (MKL_CBWR unset) 4.8e-3 and
+    # 4.8e-3 at 1 shot. Mutants: no final E-step 4.4e-2 (1-shot) and 0.10 (5-shot); the M-step's costs not stored
+    # 1.4e-2 (1-shot) and 5.0e-3 (early stopping).
+    assert (device - host).abs().max().item() <= max(2 * result["floor"].item(), 0.03 * signal)
     assert result["floor"].item() < 0.1 * signal  # the floor leaves the comparison room to fail
     assert torch.equal(device.argmax(2), host.argmax(2))
     assert (result["device_prototypes"] - result["host_prototypes"]).abs().max() < 1e-4
