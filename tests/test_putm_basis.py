@@ -109,7 +109,10 @@ def test_cholesky_basis_gives_the_same_putm_predictions_on_small_tasks():
     assert torch.allclose(rows_qr.abs(), rows_cholesky.abs(), atol=1e-5)
     a, b = qr.predict(gathered.batch), cholesky.predict(gathered.batch)
     assert torch.equal(a.argmax(2), b.argmax(2))
-    assert torch.allclose(a, b, atol=1e-4)
+    # Adam turns the bases' last-bit differences into ±lr steps: measured (2026-11-28) 1.5e-4, 1.3% of the distance
+    # from uniform, with MKL's reproducibility mode (1.8e-6 without it; a one-ulp change of the features alone
+    # moves the QR basis's result by 6e-5); a wrong basis fails the rows' checks above
+    assert (a - b).abs().max() <= 0.05 * (a - 1 / a.shape[2]).abs().max()
 
 
 def test_auto_basis_is_cholesky_on_cuda_and_falls_back_to_qr_silently(monkeypatch):
