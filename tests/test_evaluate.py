@@ -192,7 +192,7 @@ def test_a_sigterm_while_the_logger_closes_waits_for_it_then_stops_with_one_line
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
 def test_the_console_says_when_putm_ran_in_reduced_precision(tmp_path, precision):
     """Kills: a bf16 run printed without saying so (a user comparing with a published fp32 or other-CPU table cannot
-    tell why the second decimal differs), or the note printed for an fp32 run."""
+    tell why its accuracies differ by a tenth of a point), or the note printed for an fp32 run."""
     lines: list[str] = []
     run_evaluate(["tasks=2", "shots=[1]", "alphas=[2]", "progress=false", *FAST_PUTM,
                   f"method.putm.precision={precision}", f"output_dir={tmp_path}"], log=lines.append)

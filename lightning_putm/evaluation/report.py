@@ -43,8 +43,9 @@ def precision_note(summaries: Sequence[Summary]) -> str | None:
         return None
     ran = ", ".join(f"{method} in {precision}" for method, precision in reduced)
     fixes = " ".join(f"method.{method}.precision=fp32" for method in sorted({m for m, _ in reduced}))
-    return (f"precision: {ran}; the second decimal can differ from an fp32 run and between machines ({fixes} for "
-            "fp32; the default precision=auto picks bf16 where the hardware multiplies it natively)")
+    return (f"precision: {ran}; accuracies can differ by about a tenth of a point from an fp32 run and between "
+            f"machines ({fixes} for fp32; the default precision=auto picks bf16 where the hardware multiplies it "
+            "natively)")
 
 
 def wrote_line(paths: dict[str, Path], folder: Path) -> str:
