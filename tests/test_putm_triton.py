@@ -208,8 +208,8 @@ def device_and_host_loops(shots: int, options: dict, tasks: int = 3, device: str
     read is moved by one rounding error (a random −1, 0 or +1 ulp, the largest change over :data:`FLOOR_SEEDS`).
     The device loop's M-step kernel computes those costs itself, in another order than the host's
     :func:`.triton_engine.pair_costs`, and Adam turns such differences into ±lr steps: one ulp of cost noise moved
-    the 1-shot case's probabilities by 1.6e-5 to 1.6e-3 (six draws, 2026-11-28), while one ulp of noise on the
-    prototypes moved them by at most 5.1e-5."""
+    the 1-shot case's probabilities by 1.6e-5 to 1.6e-3 (six draws, 2026-11-28; the floor's three seeds reach
+    1.6e-3), while one ulp of noise on the prototypes moved them by at most 5.1e-5."""
     from conftest import make_clustered_features
     from lightning_putm.data.episodes import sample_episode_bank
     from lightning_putm.methods.putm import PUTM
@@ -293,7 +293,8 @@ LEAN_CASES = ("1-shot", "5-shot", "balanced (theta 0.001, rho 1)", "bf16", "earl
 #: each run by its own child process: the two run at once, one per core
 PARTS = ("wide, lean scratch, M-step", "chunked")
 #: The EM loop on the device (the default kernel) in each part
-DEVICE_LOOP_CASES_BY_PART = {PARTS[0]: ("1-shot",), PARTS[1]: ("early stopping", "mixed update, support weight 2, 5-shot")}
+DEVICE_LOOP_CASES_BY_PART = {PARTS[0]: ("1-shot",),
+                             PARTS[1]: ("early stopping", "mixed update, support weight 2, 5-shot")}
 
 
 def interpreted_cases(part: str) -> dict[str, object]:
