@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: A fresh interpreter: imports the package (or not), then solves 4 tasks' MKL calls in one batch and one by one
 CHILD = """
 import json, sys
-if sys.argv[1] == "package":
+if sys.argv[1] == "torch first":  # a notebook that imports torch, then the package, then computes
+    import torch
+if sys.argv[1] in ("package", "torch first"):
     import lightning_putm
 import os
 import torch
@@ -66,3 +68,48 @@ def test_a_task_gets_the_same_bits_from_mkl_alone_and_in_a_batch() -> None:
     assert with_package["inverse"] and with_package["product"]
     without = child("torch only")
     assert without["mode"] is None
+    torch_first = child("torch first")
+    assert torch_first["mode"] == "AUTO,STRICT" and torch_first["inverse"] and torch_first["product"]
+
+
+#: A fresh interpreter: imports torch, computes with MKL (or not), then imports the package; prints its warnings
+#: and the MKL mode in effect
+LATE_CHILD = """
+import json, sys, warnings
+import torch
+if sys.argv[1] == "computed":
+    torch.linalg.inv(torch.eye(8) + 0.1 * torch.rand(8, 8))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import lightning_putm
+    from lightning_putm.reproducibility import mkl_mode_reader
+read = mkl_mode_reader()
+print(json.dumps({"warnings": [str(w.message) for w in caught if w.category.__name__ == "MKLReproducibilityWarning"],
+                  "mode": read() if read else None}))
+"""
+
+
+def late_child(computed: bool, **env: str) -> dict[str, object]:
+    environment = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"} | env
+    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, "-c", LATE_CHILD, "computed" if computed else "imported"],
+                          env=environment, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch is built without MKL")
+def test_importing_the_package_after_torch_computed_says_the_mode_is_off_and_how_to_fix_it() -> None:
+    """MKL fixes its mode at its first computation: a package imported later cannot set it, and says so once,
+    with the fix. Kills: no check (a silent mode off), a warning whenever torch was imported first (it need not
+    have computed), and a warning although the user chose a mode."""
+    imported = late_child(computed=False)
+    if imported["mode"] is None:
+        pytest.skip("this torch's MKL does not export its mode (mkl_serv_cbwr_get)")
+    assert imported["warnings"] == [] and imported["mode"] == 0x10002  # MKL_CBWR_AUTO | MKL_CBWR_STRICT
+    computed = late_child(computed=True)
+    assert computed["mode"] != 0x10002
+    assert len(computed["warnings"]) == 1
+    assert "Import lightning_putm before computing with torch" in computed["warnings"][0]
+    assert "MKL_CBWR=AUTO,STRICT" in computed["warnings"][0]
+    assert late_child(computed=True, MKL_CBWR="COMPATIBLE")["warnings"] == []
