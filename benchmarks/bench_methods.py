@@ -7,12 +7,13 @@ Usage (from the repository root):
     python benchmarks/bench_methods.py --features digits        # the built-in digits demo (64-d pixels)
     python benchmarks/bench_methods.py --tasks 1000 --putm-tasks 100 --device cuda
     python benchmarks/bench_methods.py --methods ptmap,tim --threads 1
+    python benchmarks/bench_methods.py --shots 5                # 5-shot tasks (default 1)
 
-Tasks: 5-way 1-shot, 75 queries, balanced, drawn by the seeded episode bank from either synthetic
+Tasks: 5-way 1-shot (``--shots``), 75 queries, balanced, drawn by the seeded episode bank from either synthetic
 non-negative (post-ReLU-like) features with d = 640 (20 classes × 100 rows: ReLU of a standard-normal class
 centre plus noise of std 3, hard enough that methods differ) or the digits demo. Every method gets the same tasks (PUTM, the slowest by far, only the first
 ``--putm-tasks`` of them, so the default run ends in a few minutes on 2 CPU cores), with its default
-hyper-parameters for 1-shot Dirichlet-style settings (``balanced=False``; this only selects per-setting
+hyper-parameters for the shot count's Dirichlet-style settings (``balanced=False``; this only selects per-setting
 defaults such as PUTM's ρ and θ).
 
 Each method runs in a fresh child process, after one warm-up task, so measurements do not leak between
@@ -42,7 +43,7 @@ from lightning_putm.methods import available_methods, build_method
 from lightning_putm.metrics import task_accuracy
 from lightning_putm.tasks import TaskBatch
 
-WAYS, SHOTS, QUERIES = 5, 1, 75
+WAYS, QUERIES = 5, 75
 
 
 def synthetic_features(dim: int = 640, classes: int = 20, per_class: int = 100, seed: int = 0) -> FeatureSet:
@@ -54,9 +55,9 @@ def synthetic_features(dim: int = 640, classes: int = 20, per_class: int = 100, 
     return FeatureSet(features, labels, [f"c{c}" for c in range(classes)], {"source": "synthetic"})
 
 
-def build_tasks(features: str, tasks: int, device: torch.device) -> tuple[TaskBatch, torch.Tensor]:
+def build_tasks(features: str, tasks: int, device: torch.device, shots: int = 1) -> tuple[TaskBatch, torch.Tensor]:
     feature_set = digits_feature_set() if features == "digits" else synthetic_features()
-    bank = sample_episode_bank(feature_set.labels, WAYS, SHOTS, QUERIES, None, tasks, seed=0)
+    bank = sample_episode_bank(feature_set.labels, WAYS, shots, QUERIES, None, tasks, seed=0)
     gathered = bank.gather(feature_set.features, device)
     return gathered.batch, gathered.query_labels
 
@@ -77,8 +78,8 @@ def measure(name: str, count: int, args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
-    tasks, labels = build_tasks(args.features, count, device)
-    method = build_method(name, {}, shots=SHOTS, balanced=False, show_progress=False)
+    tasks, labels = build_tasks(args.features, count, device, args.shots)
+    method = build_method(name, {}, shots=args.shots, balanced=False, show_progress=False)
     method.predict(tasks.slice(0, 1))  # warm-up: lazy initialisation, kernel selection
     cuda = device.type == "cuda"
     if cuda:
@@ -94,13 +95,14 @@ def measure(name: str, count: int, args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     peak = (torch.cuda.max_memory_allocated(device) - held) / 2**20 if cuda else rss_peak_mib() - held
     accuracy = float(task_accuracy(probabilities, labels).mean())
-    return {"method": name, "tasks": count, "seconds": seconds, "peak_mib": peak, "accuracy": accuracy,
+    return {"method": name, "tasks": count, "shots": tasks.support.shape[1] // WAYS, "seconds": seconds, "peak_mib": peak, "accuracy": accuracy,
             "device": str(device), "threads": torch.get_num_threads()}
 
 
 def run_child(name: str, count: int, args: argparse.Namespace) -> dict:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--child-tasks", str(count),
-               "--features", args.features, "--device", args.device, "--threads", str(args.threads)]
+               "--features", args.features, "--shots", str(args.shots), "--device", args.device,
+               "--threads", str(args.threads)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-4000:]}")
@@ -120,6 +122,7 @@ def format_rows(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--features", choices=["synthetic", "digits"], default="synthetic")
+    parser.add_argument("--shots", type=int, default=1, help="support images per class (default 1)")
     parser.add_argument("--tasks", type=int, default=100, help="tasks per method (default 100)")
     parser.add_argument("--putm-tasks", type=int, default=10, help="tasks for PUTM (default 10)")
     parser.add_argument("--methods", default="all", help="comma-separated names, or `all` (default)")
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(run_child(name, count, args))
     first = rows[0]
     dim = 64 if args.features == "digits" else 640
-    print(f"{WAYS}-way {SHOTS}-shot, {QUERIES} queries, {args.features} features (d={dim}); device {first['device']}, "
+    print(f"{WAYS}-way {first['shots']}-shot, {QUERIES} queries, {args.features} features (d={dim}); device {first['device']}, "
           f"{first['threads']} torch thread(s); torch {torch.__version__}")
     print(format_rows(rows))
 
