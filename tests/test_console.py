@@ -84,6 +84,52 @@ def test_the_eta_comes_from_the_settings_solved_not_from_those_read_back():
     assert format_duration(3725) == "1:02:05" and format_duration(59.6) == "1:00"
 
 
+def test_each_setting_left_is_paced_by_its_own_method():
+    """One slow method and one fast one, alternating: right after the slow one, only one slow setting is left.
+    Kills one pace for all kinds (it says 20 s there, twice the time left) and a kind's time taken from the wrong
+    interval."""
+    now = [0.0]
+    eta = Eta(6, clock=lambda: now[0], kinds=["putm", "simpleshot"] * 3)
+    now[0] = 10.0
+    eta.advance(1)  # putm: 10 s; simpleshot not seen yet, so paced like everything so far
+    assert eta.left == pytest.approx(10.0 + 10.0 + 10.0 + 10.0 + 10.0)
+    eta.advance(1)  # simpleshot: 0 s
+    assert eta.left == pytest.approx(20.0)
+    now[0] = 20.0
+    eta.advance(1)  # putm again: one putm and two simpleshot settings left
+    assert eta.left == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="3 kinds for 2 units"):
+        Eta(2, kinds=["a", "b", "c"])
+
+
+def test_a_resumed_setting_gives_its_kind_no_pace():
+    """A setting read back from disk takes no time: its method's later settings are paced like all the others,
+    not as free. Kills a resumed unit counted in its kind's pace."""
+    now = [0.0]
+    eta = Eta(4, clock=lambda: now[0], kinds=["putm", "simpleshot", "putm", "simpleshot"])
+    eta.advance(1, solved=False)  # putm read back
+    now[0] = 4.0
+    eta.advance(1)  # simpleshot: 4 s
+    assert eta.left == pytest.approx(4.0 + 4.0)
+
+
+def test_the_evaluation_tells_the_eta_its_settings_in_the_order_it_solves_them(workdir, monkeypatch):
+    """The kinds the runner hands over are the methods of its setting lines, in order (a wrong order paces every
+    setting by another method's time)."""
+    made: list[Eta] = []
+
+    class Recording(Eta):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(runner, "Eta", Recording)
+    stdout, _ = evaluate_captured(["methods=[simpleshot,protonet]", "shots=[1,5]", "alphas=[2,balanced]", "tasks=3",
+                                   "logger=none", "output_dir=out", "plots=false"])
+    solved = [line.split()[2] for line in stdout.splitlines() if line.startswith("setting ")]
+    assert len(solved) == 8 and made[0].kinds == solved
+
+
 def test_wrote_line_names_the_folder_once_and_counts_figures():
     folder = Path("outputs/evaluate/2026-01-01/10-00-00-demo")
     paths = {"results": folder / "results.csv", "per_task": folder / "per_task.csv", "config": folder / "config.yaml",

@@ -97,7 +97,7 @@ def evaluate_features(
     count = len(settings.shots) * len(settings.alphas) * len(settings.methods)
     total = count * (stop_task - start_task)
     bar = tqdm(total=total, desc="tasks", unit="task", disable=not show, dynamic_ncols=True)
-    eta = Eta(count)
+    eta = Eta(count, kinds=[name for _ in settings.shots for _ in settings.alphas for name in settings.methods])
     report = (lambda line: log(line)) if wanted and not show else (lambda line: None)
     results: list[SettingResult] = []
     common = _common_inputs(feature_set, settings, base_mean, base_covariance) if store is not None else {}
