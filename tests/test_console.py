@@ -62,7 +62,10 @@ def test_piped_output_has_no_bar_fragments_but_a_line_per_setting_and_a_short_wr
 def test_on_a_terminal_the_tasks_bar_shows_the_time_left_and_no_plain_lines(workdir, monkeypatch):
     monkeypatch.setattr(runner, "on_terminal", lambda stream=None: True)
     stdout, stderr = evaluate_captured([*EVAL, "output_dir=out", "plots=false"])
-    assert "tasks: 100%" in stderr and "6/6" in stderr and "<00:00" in stderr  # tqdm's remaining time
+    assert "tasks: 100%" in stderr and "6/6" in stderr
+    # the time left is ours, paced by method, in the postfix beside the setting; tqdm's one-rate estimate is gone
+    assert re.search(r"simpleshot 1-shot alpha=balanced, ETA \d+:\d\d\]", stderr), stderr[-500:]
+    assert "<" not in stderr
     assert not [line for line in stdout.splitlines() if line.startswith("setting ")]
     assert "Testing" not in stdout + stderr
 
@@ -100,6 +103,22 @@ def test_each_setting_left_is_paced_by_its_own_method():
     assert eta.left == pytest.approx(10.0)
     with pytest.raises(ValueError, match="3 kinds for 2 units"):
         Eta(2, kinds=["a", "b", "c"])
+
+
+def test_within_a_setting_the_bar_paces_its_rest_by_itself_and_the_settings_after_by_their_methods():
+    """Kills: the current setting paced by its method's mean instead of its own progress, the settings after it
+    paced by one rate, a setting at its start not paced by its method."""
+    now = [0.0]
+    eta = Eta(4, clock=lambda: now[0], kinds=["putm", "simpleshot", "putm", "simpleshot"])
+    assert eta.left_in_unit(0.0) is None  # nothing to time yet
+    now[0] = 5.0
+    assert eta.left_in_unit(0.5) == pytest.approx(5.0 + 3 * 10.0)  # this setting's own pace for all, before any
+    now[0] = 10.0
+    eta.advance(1)
+    eta.advance(1)  # simpleshot: 0 s
+    assert eta.left_in_unit(0.0) == pytest.approx(10.0)  # a putm setting starts: putm's pace, then simpleshot's 0
+    now[0] = 15.0
+    assert eta.left_in_unit(0.25) == pytest.approx(15.0)  # a slower putm setting: its own pace decides
 
 
 def test_a_resumed_setting_gives_its_kind_no_pace():

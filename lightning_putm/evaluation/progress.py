@@ -82,8 +82,29 @@ class Eta:
         pace = self.elapsed / self.solved
         if self.kinds is None:
             return pace * max(0.0, self.total - self.done)
-        return sum(self.kind_seconds[kind] / self.kind_solved[kind] if kind in self.kind_solved else pace
-                   for kind in self.kinds[int(self.done):])
+        return sum(self._pace(kind, pace) for kind in self.kinds[int(self.done):])
+
+    def left_in_unit(self, fraction: float) -> float | None:
+        """Seconds still to go while the current unit is ``fraction`` done (a progress bar within a setting): the
+        rest of this unit at the pace it has had so far, the units after it as :attr:`left` paces them (before
+        anything was solved, at this unit's pace). ``None`` while nothing can be timed yet."""
+        in_unit = self.clock() - self.last
+        if self.solved > 0:
+            pace: float | None = self.elapsed / self.solved
+        else:
+            pace = in_unit / fraction if fraction > 0 else None
+        if pace is None:
+            return None
+        index = int(self.done)
+        kind = self.kinds[index] if self.kinds is not None and index < len(self.kinds) else None
+        current = in_unit * (1 - fraction) / fraction if fraction > 0 else self._pace(kind, pace)
+        if self.kinds is None:
+            return current + pace * max(0.0, self.total - self.done - 1)
+        return current + sum(self._pace(later, pace) for later in self.kinds[index + 1:])
+
+    def _pace(self, kind: str | None, pace: float) -> float:
+        """Seconds per unit of ``kind``: its own solved units', else ``pace`` (all units')."""
+        return self.kind_seconds[kind] / self.kind_solved[kind] if kind in self.kind_solved else pace
 
     def text(self) -> str:
         """``elapsed 0:40, ETA 1:20`` (``ETA unknown`` before the first solved unit)."""

@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lightning_putm.data.episodes import EpisodeBank, sample_episode_bank
-from lightning_putm.evaluation.progress import Eta, on_terminal
+from lightning_putm.evaluation.progress import Eta, format_duration, on_terminal
 from lightning_putm.evaluation.records import Summary
 from lightning_putm.evaluation.settings import EvaluationSettings
 from lightning_putm.evaluation.sources import load_base_statistics
@@ -96,7 +96,7 @@ def evaluate_features(
     start_task, stop_task = shard_range(settings.tasks, rank, world_size)
     count = len(settings.shots) * len(settings.alphas) * len(settings.methods)
     total = count * (stop_task - start_task)
-    bar = tqdm(total=total, desc="tasks", unit="task", disable=not show, dynamic_ncols=True)
+    bar = tqdm(total=total, desc="tasks", unit="task", disable=not show, dynamic_ncols=True, bar_format=BAR_FORMAT)
     eta = Eta(count, kinds=[name for _ in settings.shots for _ in settings.alphas for name in settings.methods])
     report = (lambda line: log(line)) if wanted and not show else (lambda line: None)
     results: list[SettingResult] = []
@@ -131,9 +131,11 @@ def evaluate_features(
                         eta.advance(1, solved=False)
                         report(setting_line(results[-1], len(results), count, eta, resumed=True))
                         continue
-                    bar.set_postfix_str(f"{name} {shots}-shot alpha={bank.alpha_label}")
+                    setting = BarSetting(bar, eta, f"{name} {shots}-shot alpha={bank.alpha_label}",
+                                         stop_task - start_task)
                     start = time.perf_counter()
-                    probabilities = method.predict(batch, on_chunk=lambda n: _advance(bar, n, should_stop, settings))
+                    probabilities = method.predict(batch, on_chunk=lambda n: _advance(setting, n, should_stop,
+                                                                                      settings))
                     seconds = time.perf_counter() - start
                     accuracies = task_accuracy(probabilities, query_labels)
                     if world_size > 1:
@@ -169,8 +171,32 @@ def _common_inputs(feature_set: FeatureSet, settings: EvaluationSettings, base_m
             "device": settings.device.type}
 
 
-def _advance(bar: Any, tasks: int, should_stop: Callable[[], bool] | None, settings: EvaluationSettings) -> None:
-    bar.update(tasks)
+#: tqdm's bar without its own time left (one rate for all methods: PUTM's tasks are hundreds of times slower than
+#: SimpleShot's), which the postfix gives instead, paced method by method (:meth:`Eta.left_in_unit`)
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+
+
+class BarSetting:
+    """The setting the bar is solving: its name and the time left in the bar's postfix, updated chunk by chunk."""
+
+    def __init__(self, bar: Any, eta: Eta, name: str, tasks: int) -> None:
+        self.bar, self.eta, self.name, self.tasks, self.done = bar, eta, name, tasks, 0
+        self.show()
+
+    def show(self) -> None:
+        left = self.eta.left_in_unit(self.done / self.tasks if self.tasks else 0.0)
+        self.bar.set_postfix_str(f"{self.name}, ETA " + ("unknown" if left is None else format_duration(left)),
+                                 refresh=False)
+
+    def update(self, tasks: int) -> None:
+        self.done += tasks
+        self.show()
+        self.bar.update(tasks)
+
+
+def _advance(setting: BarSetting, tasks: int, should_stop: Callable[[], bool] | None,
+             settings: EvaluationSettings) -> None:
+    setting.update(tasks)
     if should_stop is not None and should_stop():
         folder = settings.output_dir if settings.output_dir is not None else "<output_dir>"
         raise InterruptedError("evaluation stopped: the process received a termination signal (SIGTERM); the "
