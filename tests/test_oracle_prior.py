@@ -126,11 +126,11 @@ def test_evaluation_marks_oracle_results(tmp_path, monkeypatch, switch: bool) ->
 def test_run_evaluate_warns_under_the_oracle(tmp_path) -> None:
     lines: list[str] = []
     run_evaluate(["methods=[simpleshot,ptmap]", "shots=[1]", "alphas=[2]", "tasks=3", "progress=false",
-                  "device=cpu", "oracle_prior=true", f"output_dir={tmp_path}"], lines.append)
+                  "device=cpu", "logger=none", "oracle_prior=true", f"output_dir={tmp_path}"], lines.append)
     assert any(line.startswith("WARNING") and "oracle_prior=true" in line for line in lines)
     lines.clear()
     run_evaluate(["methods=[simpleshot,ptmap]", "shots=[1]", "alphas=[2]", "tasks=3", "progress=false",
-                  "device=cpu", f"output_dir={tmp_path}"], lines.append)
+                  "device=cpu", "logger=none", f"output_dir={tmp_path}"], lines.append)
     assert not any(line.startswith("WARNING") for line in lines)
 
 
