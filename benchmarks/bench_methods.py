@@ -95,7 +95,8 @@ def measure(name: str, count: int, args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     peak = (torch.cuda.max_memory_allocated(device) - held) / 2**20 if cuda else rss_peak_mib() - held
     accuracy = float(task_accuracy(probabilities, labels).mean())
-    return {"method": name, "tasks": count, "shots": tasks.support.shape[1] // WAYS, "seconds": seconds, "peak_mib": peak, "accuracy": accuracy,
+    return {"method": name, "tasks": count, "shots": tasks.support.shape[1] // WAYS, "seconds": seconds,
+            "precision": method.resolved_precision, "peak_mib": peak, "accuracy": accuracy,
             "device": str(device), "threads": torch.get_num_threads()}
 
 
@@ -110,8 +111,8 @@ def run_child(name: str, count: int, args: argparse.Namespace) -> dict:
 
 
 def format_rows(rows: list[dict]) -> str:
-    header = ["method", "tasks", "time (s)", "tasks/s", "ms/task", "peak mem (MiB)", "acc (%)"]
-    body = [[r["method"], str(r["tasks"]), f"{r['seconds']:.2f}", f"{r['tasks'] / r['seconds']:.1f}",
+    header = ["method", "precision", "tasks", "time (s)", "tasks/s", "ms/task", "peak mem (MiB)", "acc (%)"]
+    body = [[r["method"], r["precision"], str(r["tasks"]), f"{r['seconds']:.2f}", f"{r['tasks'] / r['seconds']:.1f}",
              f"{1000 * r['seconds'] / r['tasks']:.1f}", f"{r['peak_mib']:.1f}", f"{100 * r['accuracy']:.1f}"]
             for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]

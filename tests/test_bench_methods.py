@@ -29,4 +29,4 @@ def test_a_run_times_each_method_in_a_child_and_prints_a_table(capsys: pytest.Ca
     out = capsys.readouterr().out
     assert out.startswith("5-way 5-shot, 75 queries, digits features (d=64)")
     row = next(line.split() for line in out.splitlines() if line.startswith("simpleshot"))
-    assert row[1] == "4" and float(row[3]) > 0 and 0 <= float(row[6]) <= 100
+    assert row[1] == "fp32" and row[2] == "4" and float(row[4]) > 0 and 0 <= float(row[7]) <= 100
