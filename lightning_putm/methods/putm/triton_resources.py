@@ -10,7 +10,8 @@ On the chunked kernel it came within 2% (triton 3.6, the build that was profiled
 to 8% (triton 3.8) of what Nsight Compute counted on an H100 (docs/gpu.md), so two configurations can be compared
 before a GPU is at hand; time per instruction it cannot tell.
 
-    python -m lightning_putm.methods.putm.triton_resources          # the tables of docs/gpu.md
+    python -m lightning_putm.methods.putm.triton_resources              # the tables of docs/gpu.md
+    python -m lightning_putm.methods.putm.triton_resources --breakdown  # where one Adam step's instructions go
 """
 
 from __future__ import annotations
@@ -170,7 +171,17 @@ def _loops(function, sizes: dict[str, int]) -> list[tuple[int, int, int | str]]:
 
 def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
                     kernel: tuple[str, int, int]) -> collections.Counter:
-    """Warp instructions per Adam step of one task, by opcode, from ``nvdisasm -gi`` output of the kernel.
+    """Warp instructions per Adam step of one task, by opcode (:func:`count_adam_step_lines` summed over lines)."""
+    counts: collections.Counter = collections.Counter()
+    for (opcode, _), n in count_adam_step_lines(sass, loops, kernel).items():
+        counts[opcode] += n
+    return counts
+
+
+def count_adam_step_lines(sass: str, loops: list[tuple[int, int, int | str]],
+                          kernel: tuple[str, int, int]) -> collections.Counter:
+    """Warp instructions per Adam step of one task, by ``(opcode, kernel source line)`` (line 0: none of the
+    kernel function's own lines), from ``nvdisasm -gi`` output of the kernel.
 
     Every backward branch closes a machine-code loop; from the innermost out, each is matched to the innermost
     source loop not matched yet that holds at least 60% of its instructions attributed to the kernel function's
@@ -244,9 +255,9 @@ def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
                            "kernel's source loops: their instructions would be counted once per step (this "
                            "triton's line tables may not say where helpers were inlined; triton 3.8's do)")
     counts: collections.Counter = collections.Counter()
-    for k, (opcode, _, _) in enumerate(instructions):
+    for k, (opcode, _, line) in enumerate(instructions):
         if in_step[k] and weight[k]:
-            counts[opcode] += weight[k]
+            counts[(opcode, line)] += weight[k]
     return counts
 
 
@@ -258,6 +269,27 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
     """Warp instructions that one Adam step of one task executes on sm_90, estimated from the machine code
     (:func:`count_adam_step`): ``total`` (all warps of the program), ``per warp``, and per warp by
     :data:`OPCODE_GROUPS` (the rest: ``integer and control``). Raises ``RuntimeError`` without nvdisasm."""
+    by_line, _ = _adam_step_lines(queries, ways, m, hidden, block_p, block_k, num_warps, precision, kernel,
+                                  exact_adam, max_registers, num_stages, scratch, nvdisasm)
+    counts: collections.Counter = collections.Counter()
+    for (opcode, _), n in by_line.items():
+        counts[opcode] += n
+    per_warp = sum(counts.values())
+    out = {"total": per_warp * num_warps, "per warp": per_warp}
+    grouped = set()
+    for group, opcodes in OPCODE_GROUPS.items():
+        out[group] = sum(counts[opcode] for opcode in opcodes)
+        grouped.update(opcodes)
+    out["integer and control"] = sum(n for opcode, n in counts.items() if opcode not in grouped)
+    return out
+
+
+def _adam_step_lines(queries: int, ways: int, m: int, hidden: tuple[int, int], block_p: int, block_k: int,
+                     num_warps: int, precision: int, kernel: str, exact_adam: bool, max_registers: int | None,
+                     num_stages: int | None, scratch: str,
+                     nvdisasm: str | None) -> tuple[collections.Counter, dict[int, str]]:
+    """:func:`count_adam_step_lines` of one configuration compiled for sm_90, and the text of the kernel file's
+    lines by number."""
     nvdisasm = nvdisasm or shipped_tool("nvdisasm")
     if nvdisasm is None:
         raise RuntimeError("no nvdisasm (neither in the triton wheel nor on PATH)")
@@ -273,16 +305,30 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
     function = kernel_function(kernel)
     sizes = {name: value for name, value in constants.items() if isinstance(value, int)} | {"P": queries * ways}
     lines, first = inspect.getsourcelines(function.fn)
-    counts = count_adam_step(sass, _loops(function, sizes),
-                             (inspect.getsourcefile(function.fn), first, first + len(lines) - 1))
-    per_warp = sum(counts.values())
-    out = {"total": per_warp * num_warps, "per warp": per_warp}
-    grouped = set()
-    for group, opcodes in OPCODE_GROUPS.items():
-        out[group] = sum(counts[opcode] for opcode in opcodes)
-        grouped.update(opcodes)
-    out["integer and control"] = sum(n for opcode, n in counts.items() if opcode not in grouped)
-    return out
+    source = inspect.getsourcefile(function.fn)
+    counts = count_adam_step_lines(sass, _loops(function, sizes), (source, first, first + len(lines) - 1))
+    return counts, dict(enumerate(Path(source).read_text().splitlines(), start=1))
+
+
+def sm90_instruction_breakdown(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
+                               block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
+                               kernel: str = "wide", exact_adam: bool = True, max_registers: int | None = None,
+                               num_stages: int | None = None, scratch: str = "full",
+                               nvdisasm: str | None = None) -> list[dict[str, object]]:
+    """Where the warp instructions of one Adam step go: one row per statement of the kernel function (the source
+    line a machine instruction comes from, or the call it was inlined into), most instructions first, with
+    ``line``, ``code`` (the line's text), ``per warp`` and ``per warp`` by :data:`OPCODE_GROUPS` (the rest:
+    ``integer and control``). Arguments as :func:`sm90_instruction_estimate`'s; its ``per warp`` is the sum."""
+    by_line, text = _adam_step_lines(queries, ways, m, hidden, block_p, block_k, num_warps, precision, kernel,
+                                     exact_adam, max_registers, num_stages, scratch, nvdisasm)
+    group_of = {opcode: group for group, opcodes in OPCODE_GROUPS.items() for opcode in opcodes}
+    rows: dict[int, dict[str, object]] = {}
+    for (opcode, line), n in by_line.items():
+        row = rows.setdefault(line, {"line": line, "code": text.get(line, "").strip() if line else "(elsewhere)",
+                                     "per warp": 0, **{group: 0 for group in [*OPCODE_GROUPS, "integer and control"]}})
+        row["per warp"] += n  # type: ignore[operator]
+        row[group_of.get(opcode, "integer and control")] += n  # type: ignore[operator]
+    return sorted(rows.values(), key=lambda row: -row["per warp"])  # type: ignore[operator]
 
 
 #: The configurations of the table: (kernel, shots, m, precision, BLOCK_P, BLOCK_K, warps, exact Adam, register
@@ -332,5 +378,23 @@ def _thousands(value: int | str) -> str:
     return f"{value:,}" if isinstance(value, int) else value
 
 
+def print_breakdown(rows: int = 12) -> None:
+    """The default wide kernel's :func:`sm90_instruction_breakdown` as a markdown table (the ``rows`` largest)."""
+    breakdown = sm90_instruction_breakdown()
+    total = sum(row["per warp"] for row in breakdown)  # type: ignore[misc]
+    groups = [*OPCODE_GROUPS, "integer and control"]
+    print(f"| kernel line | statement | per warp | share | {' | '.join(groups)} |")
+    print("|---" * (4 + len(groups)) + "|")
+    for row in breakdown[:rows]:
+        code = str(row["code"])
+        code = code if len(code) <= 60 else code[:57] + "..."
+        print(f"| {row['line']} | `{code}` | {row['per warp']:,} | {row['per warp'] / total:.1%} | "  # type: ignore[operator]
+              + " | ".join(f"{row[group]:,}" for group in groups) + " |")
+    print(f"| | all | {total:,} | 100% | "
+          + " | ".join(f"{sum(row[group] for row in breakdown):,}" for group in groups) + " |")  # type: ignore[misc]
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    print_breakdown() if sys.argv[1:] == ["--breakdown"] else main()
