@@ -66,6 +66,10 @@ def test_on_a_terminal_the_tasks_bar_shows_the_time_left_and_no_plain_lines(work
     # the time left is ours, paced by method, in the postfix beside the setting; tqdm's one-rate estimate is gone
     assert re.search(r"simpleshot 1-shot alpha=balanced, ETA \d+:\d\d\]", stderr), stderr[-500:]
     assert "<" not in stderr
+    # each setting is named as it starts, before its first chunk ends (a GPU may solve it in one): the first
+    # before anything is timed, the second at the first's tasks
+    assert re.search(r"0/6 \[[^\]]*simpleshot 1-shot alpha=2, ETA unknown\]", stderr), stderr[-800:]
+    assert re.search(r"3/6 \[[^\]]*simpleshot 1-shot alpha=balanced, ETA \d+:\d\d\]", stderr), stderr[-800:]
     assert not [line for line in stdout.splitlines() if line.startswith("setting ")]
     assert "Testing" not in stdout + stderr
 

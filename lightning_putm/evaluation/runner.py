@@ -181,12 +181,12 @@ class BarSetting:
 
     def __init__(self, bar: Any, eta: Eta, name: str, tasks: int) -> None:
         self.bar, self.eta, self.name, self.tasks, self.done = bar, eta, name, tasks, 0
-        self.show()
+        self.show(refresh=True)  # the new setting's name at once: a GPU may solve it in one chunk
 
-    def show(self) -> None:
+    def show(self, refresh: bool = False) -> None:
         left = self.eta.left_in_unit(self.done / self.tasks if self.tasks else 0.0)
         self.bar.set_postfix_str(f"{self.name}, ETA " + ("unknown" if left is None else format_duration(left)),
-                                 refresh=False)
+                                 refresh=refresh)
 
     def update(self, tasks: int) -> None:
         self.done += tasks
