@@ -53,6 +53,6 @@ def request_mkl_reproducibility() -> None:
     if read is not None and read() != _AUTO_STRICT:  # reading initialises MKL's mode from the variable if unused
         warnings.warn(
             "torch computed with MKL before lightning_putm was imported, so MKL runs without its reproducibility "
-            f"mode in this process: a task's result can then depend in its last bits on the batch it was solved in "
-            f"(on some CPUs, α-AM's and UNEM's). Import lightning_putm before computing with torch, or set "
+            "mode in this process: a task's result can then depend in its last bits on the batch it was solved in "
+            "(on some CPUs, α-AM's and UNEM's). Import lightning_putm before computing with torch, or set "
             f"MKL_CBWR={MKL_REPRODUCIBILITY} in the environment.", MKLReproducibilityWarning, stacklevel=2)
