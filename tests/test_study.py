@@ -77,6 +77,18 @@ def test_grid_study_runs_every_point_once_and_a_rerun_runs_nothing(tmp_path, sin
     assert len(again) == 2 and all("method.putm.rho=0.5" in a for a in again)
 
 
+def test_max_runs_stops_a_grid_study_after_that_many_runs_and_a_rerun_goes_on(tmp_path, single_thread):
+    """``--max-runs N`` on a grid: this process runs N points and stops; the next run takes the rest. Kills the
+    option ignored on grids (every point ran, against what ``--help`` says)."""
+    calls: list[list[str]] = []
+    folder = run_study([str(sweep_file(tmp_path)), "--dir", str(tmp_path / "study"), "--max-runs", "3"],
+                       log=lambda _: None, run=counting_run(calls))
+    assert len(calls) == 3 and len(read_csv(folder / "summary.csv")) == 3
+    run_study([str(sweep_file(tmp_path)), "--dir", str(folder), "--max-runs", "3"], log=lambda _: None,
+              run=counting_run(calls))
+    assert len(calls) == 4 and len(read_csv(folder / "summary.csv")) == 4
+
+
 def test_random_sweep_samples_within_bounds_up_to_its_cap(tmp_path, single_thread):
     spec = {**GRID, "method": "random", "run_cap": 3,
             "parameters": {**GRID["parameters"], "method.putm.rho": {"distribution": "uniform", "min": 0.1, "max": 0.9},

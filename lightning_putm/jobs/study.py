@@ -50,8 +50,7 @@ def run_study(argv: Sequence[str], log: Callable[[str], None] = print,
         log(f"study {sweep.name}: {total} run(s) in all" + (f", {left} left" if left is not None else "") +
             f"; storage {study.storage_label}")
         try:
-            study.run(run, None if sweep.method == "grid" else (None if options.get("max_runs") is None
-                                                                else int(options["max_runs"])))
+            study.run(run, None if options.get("max_runs") is None else int(options["max_runs"]))
         except KeyboardInterrupt:  # Ctrl-C: finished runs are in the storage, the run in flight kept its settings
             current = getattr(study, "current_run", None)
             kept = f" in {current}; the finished runs and that run's finished settings" if current else \
