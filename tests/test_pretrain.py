@@ -213,6 +213,15 @@ def test_config_overrides_and_strict_keys() -> None:
             settings_from_config(load_train_config(bad))
 
 
+def test_one_stage_may_be_named_without_brackets() -> None:
+    """``stages=rotation`` is ``stages=[rotation]`` (it was refused: "got ["['rotation']"]"), and a typo in the bare
+    form still gets its hint."""
+    assert settings_from_config(load_train_config(["stages=rotation"])).stages == ["rotation"]
+    assert settings_from_config(load_train_config(["stages=[rotation,s2m2r]"])).stages == ["rotation", "s2m2r"]
+    with pytest.raises(ConfigError, match=r"got \['rotaton'\]; did you mean rotation"):
+        settings_from_config(load_train_config(["stages=rotaton"]))
+
+
 # ------------------------------------------------------------------------------------------- Trainer options
 def test_validation_limited_to_part_of_the_split_finishes_with_last_as_best(tmp_path: Path) -> None:
     """limit_val_batches leaves val/acc uncomputed; the run used to die with `could not find the monitored key`."""

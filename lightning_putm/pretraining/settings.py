@@ -141,8 +141,10 @@ def _episodes(cfg: DictConfig, key: str) -> EpisodeSettings:
 
 def settings_from_config(cfg: DictConfig) -> TrainSettings:
     chosen = cfg.data.get("stages", ["rotation", "s2m2r"]) if cfg.stages == "auto" else cfg.stages
-    stages = chosen if not isinstance(chosen, str) else [chosen]
-    stages = [str(s) for s in stages] if isinstance(stages, ListConfig) else [repr(stages)]
+    if isinstance(chosen, str):  # stages=rotation: one stage, without brackets
+        stages = [chosen]
+    else:
+        stages = [str(s) for s in chosen] if isinstance(chosen, (ListConfig, list)) else [repr(chosen)]
     if not stages or any(s not in STAGES for s in stages):
         wrong = next((s for s in stages if s not in STAGES), "")
         hint = did_you_mean(wrong, STAGES).strip()
