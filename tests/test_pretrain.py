@@ -147,6 +147,20 @@ def test_resume_without_a_last_checkpoint_is_a_clear_error(tmp_path: Path) -> No
     assert not (tmp_path / "digits").exists()  # nothing created before the error
 
 
+
+def test_resume_from_an_unreadable_checkpoint_is_refused_before_the_recorded_config_changes(tmp_path: Path) -> None:
+    """An empty ``last.ckpt`` (a disk that filled up): a clear error, and the run's ``config.yaml`` as it was.
+    Kills the check made after ``config.yaml`` is written again (it was: the recorded config was overwritten)."""
+    stage = tmp_path / "digits" / "conv4" / "mine" / "rotation"
+    stage.mkdir(parents=True)
+    (stage / "last.ckpt").write_bytes(b"")
+    recorded = stage.parent / "config.yaml"
+    recorded.write_text("recorded: true\n")
+    with pytest.raises(DataError, match=r"cannot read checkpoint|not a complete PyTorch checkpoint"):
+        run_train_backbone(QUIET + [f"checkpoint_dir={tmp_path}", "resume=true", "run=mine"], log=quiet)
+    assert recorded.read_text() == "recorded: true\n"
+
+
 # ------------------------------------------------------------------------------------------- stages and CLI
 def test_two_stages_chain_and_write_loadable_checkpoints(tmp_path: Path, capsys) -> None:
     main = script_main()  # the script's entry point, through run_cli

@@ -104,6 +104,10 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
     trainer: pl.Trainer | None = None
     with resolve_run_folder(settings) as folder:
         settings.run_folder = folder
+        checked = None
+        if settings.resume:  # the first stage's last.ckpt: corrupt or another model's, refused before config.yaml
+            checked = settings.stage_dir(settings.stages[0]) / "last.ckpt"
+            check_resume_checkpoint(first_module, checked)
         if rank_zero:
             atomic_write_text(folder / "config.yaml", to_yaml(cfg))
         say(f"run folder: {folder}")
@@ -116,7 +120,8 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
             last = settings.stage_dir(stage) / "last.ckpt"
             resume_path = last if settings.resume and last.is_file() else None
             if resume_path is not None:
-                check_resume_checkpoint(module, resume_path)  # corrupt, unsafe or another model's: a clear error
+                if resume_path != checked:
+                    check_resume_checkpoint(module, resume_path)  # corrupt, unsafe or another model's: a clear error
                 say(f"[{stage}] resuming from {resume_path}")
             elif previous is not None:
                 init_from_checkpoint(module, previous)
