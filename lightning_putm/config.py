@@ -168,12 +168,20 @@ class Overrides(Sequence[Override]):
         return [o.text for o in self._items]
 
 
+#: Groups whose keys the config files do not fix: a dataset's options (``data.options.allow_pickle=true``), which
+#: its reader checks, naming the options it has (:mod:`lightning_putm.data.registry`)
+OPEN_GROUPS = ("data.options",)
+
+
 def apply_overrides(cfg: DictConfig, overrides: Iterable[str | Override]) -> DictConfig:
-    """Merge ``key=value`` overrides into ``cfg``; unknown keys raise :class:`ConfigError`."""
+    """Merge ``key=value`` overrides into ``cfg``; unknown keys raise :class:`ConfigError`, but for a new key of
+    one of the :data:`OPEN_GROUPS`."""
     cfg = cfg.copy()
     for override in Overrides.parse(overrides):
         key, value = override.key, override.value
-        _check_key(cfg, key)
+        group = key.rpartition(".")[0]
+        if not (group in OPEN_GROUPS and isinstance(OmegaConf.select(cfg, group, default=None), DictConfig)):
+            _check_key(cfg, key)
         current = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
         if isinstance(current, DictConfig) and not isinstance(value, dict):
             keys = ", ".join(sorted(str(k) for k in current.keys())) or "(none)"

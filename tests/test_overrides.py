@@ -140,3 +140,24 @@ def test_predict_and_evaluate_share_the_base_split_cache(tiny_checkpoint: Path, 
     lines.clear()
     predicted = checkpoint_split(settings, "train", lines.append)
     assert predicted == evaluated and lines == [f"base features: reusing the cache {evaluated}"]
+
+
+def test_a_dataset_option_can_be_set_by_its_dotted_key_and_a_misspelt_one_is_refused_before_any_file(
+        tmp_path: Path) -> None:
+    """``data.options`` holds each dataset's own options, so its keys are not in the config files: the dotted form
+    the docs give (``data.options.allow_pickle=true``, ``data.options.val_classes=[...]``) is accepted, and the
+    dataset names the options it has for a misspelt one, before a run folder exists. Kills the dotted form refused
+    as an unknown key (it was: only ``data.options={...}`` worked), and any group opened the same way."""
+    from lightning_putm.jobs.train import run_train_backbone
+
+    cfg = load_train_config(["data.options.val_classes=[0,1]", "data.options.val_fraction=0.3"])
+    assert OmegaConf.to_container(cfg.data.options) == {"val_classes": [0, 1], "val_fraction": 0.3}
+    assert load_train_config(["data=cifarfs", "data.options.allow_pickle=true"]).data.options.allow_pickle is True
+    with pytest.raises(ConfigError, match=r"has no option\(s\) alow_pickle; its options: base_classes"):
+        run_train_backbone([f"checkpoint_dir={tmp_path}", "data.options.alow_pickle=true", "logger=none"],
+                           log=lambda _: None)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ConfigError, match=r"unknown config key 'data.optons.val_fraction'.*did you mean data.options"):
+        load_train_config(["data.optons.val_fraction=0.3"])
+    with pytest.raises(ConfigError, match=r"unknown config key 'data.rooot'.*did you mean data.root"):
+        load_train_config(["data.rooot=/x"])  # data itself stays closed
