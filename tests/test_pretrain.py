@@ -274,13 +274,22 @@ def test_trainer_options_that_would_write_no_checkpoint_are_refused_before_the_r
     assert not (tmp_path / "digits").exists()
 
 
-def test_a_trainer_option_lightning_rejects_at_fit_time_is_one_clear_error(tmp_path: Path) -> None:
-    """0.1 % of 11 training batches is less than one batch: Lightning raises inside fit, before any training."""
+def test_a_batch_fraction_below_one_batch_is_refused_before_the_run_folder(tmp_path: Path) -> None:
+    """0.1 % of 11 training batches is less than one batch (Lightning would refuse it only inside fit, after the run
+    folder, its config and the latest link exist): one clear error naming the smallest fraction, and nothing
+    written. Kills the check missing (the run folder appears) or off by the rule (0.1 of 11 is one batch: runs)."""
     outcome = run_in_process("train_backbone", QUIET + [f"checkpoint_dir={tmp_path}", "stages=[classifier]",
                                                          "trainer.limit_train_batches=0.001", "run_test=false"])
-    assert outcome.user_error_problem(r"^error: stage classifier: the Trainer refused its options: .*"
-                                      r"limit_train_batches") is None, outcome.stderr
-    assert not list(tmp_path.rglob("*.ckpt"))
+    assert outcome.user_error_problem(r"^error: trainer.limit_train_batches=0.001 is less than one of the \d+ train "
+                                      r"batches; use at least 0\.\d+") is None, outcome.stderr
+    assert not (tmp_path / "digits").exists()
+    with pytest.raises(ConfigError, match=r"trainer.limit_val_batches=0.01 is less than one of the \d+ val batches"):
+        run_train_backbone(QUIET + [f"checkpoint_dir={tmp_path}", "stages=[classifier]",
+                                    "trainer.limit_val_batches=0.01"], log=quiet)
+    assert not (tmp_path / "digits").exists()
+    results = run_train_backbone(QUIET + [f"checkpoint_dir={tmp_path}", "stages=[classifier]", "trainer.max_epochs=1",
+                                          "trainer.limit_train_batches=0.1", "run_test=false"], log=quiet)
+    assert results and list(tmp_path.rglob("last.ckpt"))
 
 
 def test_the_progress_bar_shows_stage_and_epoch_instead_of_the_logger_version(tmp_path: Path, capsys,

@@ -27,8 +27,8 @@ from lightning_putm.pretraining.module import S2M2Module
 from lightning_putm.pretraining.settings import (TrainSettings, load_train_config, recorded_data_config,
                                                  settings_from_config)
 from lightning_putm.pretraining.stages import (StageResult, build_datamodule, build_module, build_stage_logger,
-                                               build_stage_trainer, interruption_message, precision_hint,
-                                               resolve_run_folder, stopped_by)
+                                               build_stage_trainer, check_batch_fractions, interruption_message,
+                                               precision_hint, resolve_run_folder, stopped_by)
 from lightning_putm.signals import sigterm_as_interrupt
 
 
@@ -93,6 +93,7 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
     pl.seed_everything(settings.seed, workers=True, verbose=False)  # stage 0's seed, before its weights are drawn
     first_module = build_module(settings, datamodule.in_channels, train.num_classes, 0, data_config)
     probe = build_trainer(settings.trainer, logger=False, enable_checkpointing=False, max_epochs=1)  # bad trainer.*
+    check_batch_fractions(settings.trainer, datamodule, has_val)
     hint = precision_hint(probe.strategy.root_device.type, str(probe.precision))
     if hint:
         say(hint)

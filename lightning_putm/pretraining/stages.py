@@ -103,6 +103,25 @@ class StageResult:
     seconds: float
 
 
+def check_batch_fractions(trainer_args: dict[str, Any], datamodule: FewShotDataModule, has_val: bool) -> None:
+    """A fraction ``trainer.limit_{train,val}_batches`` below one batch of the split, refused before the run folder
+    exists (Lightning refuses it only when the stage starts, by the same rule: ``int(fraction × batches) == 0``)."""
+    loaders = {"train": [datamodule.train_dataloader()]}
+    if has_val:
+        val = datamodule.val_dataloader()
+        loaders["val"] = val if isinstance(val, list) else [val]
+    for mode, split_loaders in loaders.items():
+        value = trainer_args.get(f"limit_{mode}_batches")
+        if not isinstance(value, float) or value <= 0:
+            continue
+        for loader in split_loaders:
+            batches = len(loader)
+            if batches and int(value * batches) == 0:
+                raise ConfigError(f"trainer.limit_{mode}_batches={value} is less than one of the {batches} {mode} "
+                                  f"batches; use at least {1 / batches:.4g}, or a whole number of batches (e.g. "
+                                  f"trainer.limit_{mode}_batches=1)")
+
+
 def resolve_run_folder(settings: TrainSettings) -> contextlib.AbstractContextManager[Path]:
     """The run's folder: ``resume=true`` continues ``run`` (default: the latest run), ``run=<name>`` names a new
     folder (one holding checkpoints is refused: nothing is overwritten), otherwise a new ``<date>_<time>`` folder;
