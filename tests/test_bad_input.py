@@ -205,9 +205,10 @@ EVALUATE_CONFIG_CASES = [
     # settings that choose a checkpoint's images, given without one, would be ignored without a word
     ("data=cifarfs", r"data=cifarfs applies only with checkpoint=: it chooses the images .* drop it to evaluate the demo"),
     ("backbone=resnet12 force_data=true", r"backbone=resnet12, force_data=true apply only with checkpoint="),
-    ("data.root=/my/images", r"data.root=/my/images applies only with checkpoint=: data settings choose the images"),
+    ("data.root=/my/images", r"data.root=/my/images applies only with checkpoint=: it chooses the images .* drop it to "
+                             r"evaluate the demo"),
     ("features=demo data.options.val_classes=[0,1] data.eval_batch_size=8",
-     r"data.options.val_classes=\[0,1\], data.eval_batch_size=8 apply only with checkpoint="),
+     r"data.options.val_classes=\[0,1\], data.eval_batch_size=8 apply only with checkpoint=: they choose the images"),
     ("checkpoint=/no/such.ckpt features=demo", r"give either features=<file> or checkpoint=<ckpt>, not both"),
     ("plot_task=2", r"plot_task=2 but there are 2 tasks per setting: give an index from 0 to 1"),
     ("queries=10 ways=3 alphas=[balanced]", r"balanced tasks need queries divisible by ways.*use queries=9"),

@@ -44,13 +44,19 @@ print(json.dumps({"mode": os.environ.get("MKL_CBWR"), "inverse": torch.equal(inv
 """
 
 
-def child(imports: str, **env: str) -> dict[str, object]:
+def run_child(code: str, argument: str, **env: str) -> dict[str, object]:
+    """``code`` in a fresh interpreter with ``argument``, the environment without ``MKL_CBWR`` but for ``env``; the
+    JSON it prints last."""
     environment = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"} | env
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", CHILD, imports], env=environment, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", code, argument], env=environment, capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def child(imports: str, **env: str) -> dict[str, object]:
+    return run_child(CHILD, imports, **env)
 
 
 def test_importing_the_package_sets_mkl_reproducibility_and_keeps_a_users_choice() -> None:
@@ -90,12 +96,7 @@ print(json.dumps({"warnings": [str(w.message) for w in caught if w.category.__na
 
 
 def late_child(computed: bool, **env: str) -> dict[str, object]:
-    environment = {k: v for k, v in os.environ.items() if k != "MKL_CBWR"} | env
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, "-c", LATE_CHILD, "computed" if computed else "imported"],
-                          env=environment, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return run_child(LATE_CHILD, "computed" if computed else "imported", **env)
 
 
 @pytest.mark.skipif(not torch.backends.mkl.is_available(), reason="torch is built without MKL")

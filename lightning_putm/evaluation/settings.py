@@ -11,7 +11,7 @@ import copy
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -119,8 +119,8 @@ def load_evaluate_config(overrides: Iterable[str | Override] = ()) -> DictConfig
     # a saved config holds its preset's values already: a preset is applied again only when named anew
     cfg, overrides = apply_presets(cfg, overrides, defaults_too=saved_path is None)
     cfg = apply_overrides(cfg, overrides)
-    if checkpoint is None:  # like data=: a data.* key would be ignored without a word (no images are read)
-        check_data_keys_need_a_checkpoint(overrides)
+    if checkpoint is None and (data_keys := [o.text for o in overrides if o.key.startswith("data.")]):
+        check_checkpoint_only_settings(cfg, data_keys)  # no images are read: a data.* key would be ignored
     if recorded and recorded.get("name") != name and not cfg.force_data:
         raise ConfigError(f"the checkpoint was trained on data={recorded.get('name')} but data={name} was given; "
                           "drop data= to evaluate it on its own data, or pass force_data=true to evaluate it on "
@@ -378,10 +378,12 @@ DEMO_DATA = "digits"
 CHECKPOINT_ONLY = {"backbone": "auto", "pretrained_file": None, "force_data": False}
 
 
-def check_checkpoint_only_settings(cfg: DictConfig) -> None:
+def check_checkpoint_only_settings(cfg: DictConfig, data_keys: Sequence[str] = ()) -> None:
     """Without ``checkpoint=`` the demo or ``features=`` are evaluated as they are: a dataset (``data=cub``), a
-    ``backbone=`` or a ``pretrained_file=`` would be ignored without a word, so each is an error saying why."""
+    ``data.<key>=`` given on the command line (``data_keys``, as typed), a ``backbone=`` or a ``pretrained_file=``
+    would be ignored without a word, so each is an error saying why."""
     given = [f"data={cfg.data.name}"] if str(cfg.data.name) != DEMO_DATA else []
+    given += list(data_keys)
     given += [f"{key}={command_line_value(cfg.get(key))}" for key, unset in CHECKPOINT_ONLY.items()
               if cfg.get(key) not in (unset, "")]
     if given:
@@ -391,18 +393,6 @@ def check_checkpoint_only_settings(cfg: DictConfig) -> None:
                           f"{'it chooses' if one else 'they choose'} the images a backbone extracts features from. "
                           "Give checkpoint=PATH (a train_backbone.py checkpoint) or checkpoint=timm:<model>, or "
                           f"drop {'it' if one else 'them'} to evaluate {evaluated}")
-
-
-def check_data_keys_need_a_checkpoint(overrides: Overrides) -> None:
-    """``data.root=...`` and the other ``data.*`` keys choose the images a backbone reads: without ``checkpoint=``
-    the demo or a feature file is evaluated as it is, so such a key is an error saying why, as ``data=`` is."""
-    given = [o.text for o in overrides if o.key.startswith("data.")]
-    if given:
-        one = len(given) == 1
-        raise ConfigError(f"{', '.join(given)} appl{'ies' if one else 'y'} only with checkpoint=: data settings "
-                          "choose the images a backbone extracts features from. Give checkpoint=PATH (a "
-                          "train_backbone.py checkpoint) or checkpoint=timm:<model>, or drop "
-                          f"{'it' if one else 'them'} to evaluate the demo data or a features= file")
 
 
 def built_methods(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],

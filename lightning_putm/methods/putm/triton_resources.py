@@ -172,8 +172,13 @@ def _loops(function, sizes: dict[str, int]) -> list[tuple[int, int, int | str]]:
 def count_adam_step(sass: str, loops: list[tuple[int, int, int | str]],
                     kernel: tuple[str, int, int]) -> collections.Counter:
     """Warp instructions per Adam step of one task, by opcode (:func:`count_adam_step_lines` summed over lines)."""
+    return _by_opcode(count_adam_step_lines(sass, loops, kernel))
+
+
+def _by_opcode(by_line: collections.Counter) -> collections.Counter:
+    """``{(opcode, line): n}`` summed over the lines."""
     counts: collections.Counter = collections.Counter()
-    for (opcode, _), n in count_adam_step_lines(sass, loops, kernel).items():
+    for (opcode, _), n in by_line.items():
         counts[opcode] += n
     return counts
 
@@ -271,9 +276,7 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
     :data:`OPCODE_GROUPS` (the rest: ``integer and control``). Raises ``RuntimeError`` without nvdisasm."""
     by_line, _ = _adam_step_lines(queries, ways, m, hidden, block_p, block_k, num_warps, precision, kernel,
                                   exact_adam, max_registers, num_stages, scratch, nvdisasm)
-    counts: collections.Counter = collections.Counter()
-    for (opcode, _), n in by_line.items():
-        counts[opcode] += n
+    counts = _by_opcode(by_line)
     per_warp = sum(counts.values())
     out = {"total": per_warp * num_warps, "per warp": per_warp}
     grouped = set()
