@@ -9,6 +9,7 @@ into our logs.
 from __future__ import annotations
 
 import csv
+import json
 import netrc
 import os
 import shlex
@@ -19,6 +20,7 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 
+from lightning_putm.atomic import atomic_write_text
 from lightning_putm.errors import ConfigError
 
 LOGGERS = ("auto", "wandb", "csv", "none")
@@ -74,7 +76,8 @@ def resolve_wandb_mode(configured: str | None, log: Callable[[str], None] = prin
 
 def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: str,
                  log: Callable[[str], None] = print, csv_name: str = "csv_logs", csv_version: str | int | None = None,
-                 job_type: str | None = None, group: str | None = None, config: dict[str, Any] | None = None) -> Any:
+                 job_type: str | None = None, group: str | None = None, config: dict[str, Any] | None = None,
+                 run_file: Path | None = None, resume: bool = False) -> Any:
     """A Lightning logger (or ``False``) for either job: ``auto`` (W&B when installed), ``wandb``, ``csv``, ``none``.
 
     CSV logs go to ``save_dir/csv_name/csv_version``. A W&B run is started at once, so a missing key or an
@@ -83,6 +86,11 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
     banner is silenced (``$WANDB_SILENT`` decides when set) and one line says where the run is; the run is named
     ``run_name`` unless ``wandb.name`` is set, ``group``/``job_type`` put the runs of one pretraining or study
     together, and the full resolved ``config`` is the run's config (filter and group runs by any key).
+
+    ``run_file`` (``wandb_run.json`` in a run folder) keeps the W&B run's id and name: with ``resume`` the run
+    recorded there is continued (W&B's ``id=<saved id>, resume="allow"``), so a resumed job logs into the same run
+    instead of a new one with the same name; a run started afresh overwrites the record. ``$WANDB_RUN_ID`` (set by
+    ``wandb agent``) wins over the record.
     """
     if kind not in LOGGERS:
         raise ConfigError(f"logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
@@ -99,7 +107,10 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
 
     wandb_dir = wandb_root(options.get("dir"))
     wandb_dir.mkdir(parents=True, exist_ok=True)
-    kwargs: dict[str, Any] = {"project": options.get("project") or "lightning-putm", "name": options.get("name") or run_name,
+    recorded = read_wandb_run(run_file) if run_file is not None and resume and not os.environ.get("WANDB_RUN_ID") \
+        else None
+    kwargs: dict[str, Any] = {"project": options.get("project") or "lightning-putm",
+                              "name": options.get("name") or (recorded or {}).get("name") or run_name,
                               # absolute: W&B's service process, started once, resolves it against its own cwd
                               "save_dir": os.path.abspath(wandb_dir),
                               "mode": resolve_wandb_mode(options.get("mode"), log)}
@@ -108,7 +119,7 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
 
         kwargs["settings"] = wandb.Settings(silent=True)  # its banner at start and end of every run; ours: one line
     for key, value in (("entity", options.get("entity")), ("group", options.get("group") or group),
-                       ("job_type", job_type), ("config", config)):
+                       ("job_type", job_type), ("config", config), ("id", (recorded or {}).get("id"))):
         if value:
             kwargs[key] = value
     logger = WandbLogger(**kwargs)
@@ -119,9 +130,36 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
     except Exception as exc:
         raise ConfigError(f"W&B could not start a run ({type(exc).__name__}: {exc}). Log offline with "
                           "WANDB_MODE=offline (or wandb.mode=offline), run `wandb login`, or use logger=none") from exc
+    if run_file is not None:
+        record_wandb_run(run_file, logger.experiment)
     if (line := wandb_run_line(logger.experiment)) is not None:
         log(line)
     return logger
+
+
+#: The file in an evaluation's ``output_dir`` that keeps the id and name of the folder's W&B run, so that a re-run
+#: into the folder continues that run (a pretraining run keeps ``wandb_run-<stage>.json`` in its run folder).
+WANDB_RUN_FILE = "wandb_run.json"
+
+
+def read_wandb_run(path: Path) -> dict[str, str] | None:
+    """The ``{"id", "name"}`` recorded in ``path``; ``None`` when there is none (or it is unreadable: a new run)."""
+    try:
+        recorded = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("id"), str) or not recorded["id"]:
+        return None
+    return {"id": recorded["id"], "name": str(recorded.get("name") or "")}
+
+
+def record_wandb_run(path: Path, run: Any) -> None:
+    """Write the started run's id and name to ``path`` (atomically; rank zero only; not for a disabled run)."""
+    from pytorch_lightning.utilities import rank_zero_only
+
+    if getattr(rank_zero_only, "rank", 0) != 0 or getattr(getattr(run, "settings", None), "mode", None) == "disabled":
+        return
+    atomic_write_text(path, json.dumps({"id": run.id, "name": run.name or ""}, indent=1) + "\n")
 
 
 def wandb_root(configured: Any) -> Path:

@@ -93,11 +93,23 @@ def offline_run(save_dir: Path) -> Path:
 
 
 def run_record(run_dir: Path) -> dict[str, Any]:
-    """The run's own record: ``display_name``, ``group``, ``job_type`` and ``config`` (``{key: value}``)."""
+    """The run's own record: ``id``, ``display_name``, ``group``, ``job_type`` and ``config`` (``{key: value}``)."""
     for record in records(run_dir):
         if record.WhichOneof("record_type") == "run":
             run = record.run
             config = {item.key: json.loads(item.value_json) for item in run.config.update}
-            return {"display_name": run.display_name, "group": run.run_group, "job_type": run.job_type,
-                    "config": config}
+            return {"id": run.run_id, "display_name": run.display_name, "group": run.run_group,
+                    "job_type": run.job_type, "config": config}
     raise ValueError(f"no run record in {run_dir}")
+
+
+def artifacts(run_dir: Path) -> list[dict[str, Any]]:
+    """The artifacts an offline run logged: ``name``, ``type`` and ``files`` (``{path in the artifact: digest}``,
+    the digest being the base64 MD5 of the file's bytes, as W&B's manifest records it)."""
+    found = []
+    for record in records(run_dir):
+        if record.WhichOneof("record_type") == "artifact":
+            artifact = record.artifact
+            found.append({"name": artifact.name, "type": artifact.type,
+                          "files": {entry.path: entry.digest for entry in artifact.manifest.contents}})
+    return found

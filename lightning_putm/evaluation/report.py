@@ -201,6 +201,29 @@ def log_to_loggers(loggers: Iterable[Any], summaries: Sequence[Summary], figures
             log_to_wandb(logger.experiment, summaries, figures, prefix)
 
 
+#: An evaluation's result files that go to its W&B run as one artifact (:func:`log_results_artifact`).
+RESULT_FILES = ("results.csv", "per_task.csv")
+#: The W&B artifact type of those files.
+RESULTS_ARTIFACT_TYPE = "evaluation-results"
+
+
+def log_results_artifact(loggers: Iterable[Any], folder: Path) -> None:
+    """``results.csv`` and ``per_task.csv`` of a finished evaluation in ``folder`` as a W&B artifact of its run,
+    named ``results-<run id>``: the run's own files, downloadable, and a new version of the same artifact when a
+    re-run into the same folder (the same W&B run) changes them."""
+    files = [Path(folder) / name for name in RESULT_FILES if (Path(folder) / name).is_file()]
+    for logger in loggers:
+        if _is_wandb(logger) and files:
+            import wandb
+
+            run = logger.experiment
+            artifact = wandb.Artifact(f"results-{run.id}", type=RESULTS_ARTIFACT_TYPE,
+                                      description=f"results.csv and per_task.csv of the evaluation in {folder}")
+            for path in files:
+                artifact.add_file(str(path), name=path.name)
+            run.log_artifact(artifact)
+
+
 #: The baseline every run's ``worst_gain_over_<baseline>`` metric compares with (when the run includes it).
 BASELINE = "simpleshot"
 

@@ -25,10 +25,11 @@ from lightning_putm.data.episodes import check_episodes_possible
 from lightning_putm.evaluation.callback import FewShotEvaluationCallback
 from lightning_putm.evaluation.progress import extraction_bar
 from lightning_putm.evaluation.runner import SettingResult
+from lightning_putm.evaluation.report import log_results_artifact
 from lightning_putm.evaluation.settings import (EvaluationSettings, RUN_ROOT, check_methods_accept,
-                                                load_evaluate_config, settings_from_config)
+                                                checkpoint_run_name, load_evaluate_config, settings_from_config)
 from lightning_putm.evaluation.sources import build_feature_source, check_base_features
-from lightning_putm.loggers import build_logger, console, finish_logger
+from lightning_putm.loggers import WANDB_RUN_FILE, build_logger, console, finish_logger
 from lightning_putm.runs import run_dir
 from lightning_putm.signals import signals_recorded
 
@@ -112,17 +113,30 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
         # unique and readable: the run folder's date and name, or the name and the time for a named folder
         wandb_name = f"{folder.parent.name}_{folder.name}" if auto_folder else \
             f"{settings.name}-{datetime.now():%Y-%m-%d_%H-%M-%S}"
+        # the folder's W&B run: a re-run into the same output_dir (a resume) continues it, a new folder is a new run
         logger = build_logger(settings.logger, folder, settings.wandb, wandb_name, say, job_type="evaluate",
-                              config=to_container(cfg))
+                              group=wandb_group(settings), config=to_container(cfg),
+                              run_file=folder / WANDB_RUN_FILE, resume=True)
         try:
             if logger:
                 trainer.logger = logger
             run_test_loop(trainer, source.module, source.datamodule, folder)
+            if logger and rank_zero:
+                log_results_artifact([logger], folder)
         except BaseException:  # also after an error: a W&B run left open would swallow this process's next logs
             finish_logger(logger, rank_zero)
             raise
         close_logger(logger, rank_zero, folder)
     return callback.results
+
+
+def wandb_group(settings: EvaluationSettings) -> str | None:
+    """The W&B group of an evaluation, so the evaluations of one model sit together: the checkpoint's run name
+    (``<dataset>-<backbone>-<run>-<stage>``, see :func:`checkpoint_run_name`) or ``timm-<model>``; none for a
+    feature file (its name does not say which model made it). ``wandb.group`` wins (a study sets it)."""
+    if settings.timm_model is not None:
+        return f"timm-{settings.timm_model}"
+    return checkpoint_run_name(settings.checkpoint) if settings.checkpoint is not None else None
 
 
 def close_logger(logger: Any, rank_zero: bool, folder: Path) -> None:

@@ -101,6 +101,7 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
         check_init_from(first_module, previous)  # another model's weights: refused before the run folder exists
     check_episode_settings(datamodule, settings, has_val)
     results: list[StageResult] = []
+    testing = settings.run_test and datamodule.has_split("test")
     module: S2M2Module | None = None
     trainer: pl.Trainer | None = None
     with resolve_run_folder(settings) as folder:
@@ -129,10 +130,14 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
                 say(f"[{stage}] starting from {previous}")
             logger = build_stage_logger(settings, stage, to_container(cfg), say)
             trainer = build_stage_trainer(settings, stage, has_val, logger, say)
+            # the last stage's logger stays open for the final test: the test score belongs to that stage's run
+            keep_open = testing and index == len(settings.stages) - 1
+            trained = False
             start = time.perf_counter()
             try:
                 trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_path) if resume_path else None,
                             weights_only=True)
+                trained = True
             except MisconfigurationException as exc:  # e.g. limit_train_batches=0.001 of 11 batches: less than one
                 raise ConfigError(f"stage {stage}: the Trainer refused its options: {' '.join(str(exc).split())}") \
                     from exc
@@ -145,9 +150,11 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
                 how = stopped_by(trainer, exc)
                 raise KeyboardInterrupt(interruption_message(stage, last, folder, how, earlier)) from None
             finally:
-                finish_logger(logger, rank_zero)
+                if not (trained and keep_open):
+                    finish_logger(logger, rank_zero)
             seconds = time.perf_counter() - start
             if not last.is_file():  # a Trainer option ended the stage before any epoch (the usual ones are refused)
+                finish_logger(logger, rank_zero)
                 given = ", ".join(f"{k}={v}" for k, v in settings.trainer.items())
                 raise ConfigError(f"stage {stage} ended without training an epoch, so it wrote no checkpoint; check "
                                   f"the trainer.* options ({given})")
@@ -161,7 +168,7 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
             score_text = f", best val/acc {score:.2f}%" if score is not None else ""
             say(f"[{stage}] done in {seconds:.0f} s: last checkpoint {last}; best {best}{score_text}")
             previous = best
-        if settings.run_test and module is not None and trainer is not None and datamodule.has_split("test"):
+        if testing and module is not None and trainer is not None:
             try:
                 outcome = trainer.test(module, datamodule=datamodule, ckpt_path=str(results[-1].best),
                                        weights_only=True, verbose=False)
@@ -170,6 +177,8 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
                     raise
                 raise KeyboardInterrupt(f"test stopped ({stopped_by(trainer, exc)}); the training is complete, its "
                                         f"checkpoints are in {folder}") from None
+            finally:  # the last stage's logger, kept open for this test
+                finish_logger(trainer.logger, rank_zero)
             if outcome and "test/acc" in outcome[0]:
                 t = settings.test_episodes
                 kind = "balanced" if t.alpha is None else f"Dirichlet alpha={t.alpha:g}"

@@ -50,13 +50,18 @@ def build_datamodule(cfg: DictConfig, settings: TrainSettings) -> FewShotDataMod
 def build_stage_logger(settings: TrainSettings, stage: str, config: dict[str, Any],
                        log: Callable[[str], None] = print) -> Any:
     """The stage's logger: CSV in ``log_dir/<dataset>/<backbone>/<run>/<stage>`` (a resume appends to it), W&B
-    (offline works without a key; the stages of a run share a group, ``job_type`` names the stage) or none."""
+    (offline works without a key; the stages of a run share a group, ``job_type`` names the stage) or none.
+
+    The stage's W&B run id is kept in the run folder (``wandb_run-<stage>.json``, beside ``config.yaml``; not in
+    the stage's folder, which Lightning expects empty): ``resume=true`` continues that run; a stage trained afresh
+    is a new run."""
     assert settings.run_folder is not None
     run = settings.run_folder.name
     group = f"{settings.dataset}-{settings.backbone}-{run}"
     return build_logger(settings.logger, settings.log_dir, settings.wandb, f"{group}-{stage}", log,
                         csv_name=f"{settings.dataset}/{settings.backbone}/{run}", csv_version=stage,
-                        job_type=f"train-{stage}", group=group, config=config)
+                        job_type=f"train-{stage}", group=group, config=config,
+                        run_file=settings.run_folder / f"wandb_run-{stage}.json", resume=settings.resume)
 
 
 def build_stage_trainer(settings: TrainSettings, stage: str, has_val: bool, logger: Any,
