@@ -236,6 +236,34 @@ def test_one_stage_may_be_named_without_brackets() -> None:
         settings_from_config(load_train_config(["stages=rotaton"]))
 
 
+def test_the_in_training_checks_base_features_are_the_train_split_or_none() -> None:
+    """``fewshot_eval.base_features``: split:train (default) makes the stage's callback extract the train split at
+    each check; null leaves CL2N off (the notice says so); a feature file is refused, naming the key.
+
+    Kills: a default without base features (SimpleShot's silent L2N fallback); null still extracting; a file from
+    another backbone accepted, or slipped in through fewshot_eval.overrides (the check would silently replace it)."""
+    from lightning_putm.evaluation.callback import FewShotEvaluationCallback
+    from lightning_putm.pretraining.stages import SplitFeatures, build_stage_trainer
+
+    def check_callback(overrides: list[str]) -> FewShotEvaluationCallback:
+        settings = settings_from_config(load_train_config(["fewshot_eval.every_n_epochs=1", *overrides]))
+        settings.run_folder = Path("unused")
+        trainer = build_stage_trainer(settings, "rotation", True, logger=False, say=lambda _: None)
+        [callback] = [c for c in trainer.callbacks if isinstance(c, FewShotEvaluationCallback)]
+        return callback
+
+    default = check_callback([])
+    assert isinstance(default.base_features_from, SplitFeatures) and default.base_features_from.split == "train"
+    assert default.base_features_from.path.name == "base_features_train.pt"
+    assert default.settings.methods == ["simpleshot"] and default.settings.base_features is None
+    assert check_callback(["fewshot_eval.base_features=null"]).base_features_from is None
+    with pytest.raises(ConfigError, match=r"fewshot_eval.base_features must be split:train .* or null .*got 'b.pt'"):
+        settings_from_config(load_train_config(["fewshot_eval.every_n_epochs=1", "fewshot_eval.base_features=b.pt"]))
+    with pytest.raises(ConfigError, match="give the base features as fewshot_eval.base_features"):
+        settings_from_config(load_train_config(["fewshot_eval.every_n_epochs=1",
+                                                "fewshot_eval.overrides=[base_features=b.pt]"]))
+
+
 # ------------------------------------------------------------------------------------------- Trainer options
 def test_validation_limited_to_part_of_the_split_finishes_with_last_as_best(tmp_path: Path) -> None:
     """limit_val_batches leaves val/acc uncomputed; the run used to die with `could not find the monitored key`."""
