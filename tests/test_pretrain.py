@@ -388,10 +388,15 @@ def test_checkpoints_are_read_with_weights_only(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------- DDP and W&B
 def test_two_process_cpu_ddp_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
-    """2 processes, gloo backend, through the real script (Lightning relaunches it per rank): ~20 s."""
+    """2 processes, gloo backend, through the real script (Lightning relaunches it per rank): ~20 s. The few-shot
+    check at epoch 2 runs on both: its base features (each process extracts a shard of the train split, gathered)
+    are every train row once, as one process computes them from last.ckpt.
+
+    Kills: a shard's rows missing or placed wrongly; only rank 0 extracting (the collective would hang)."""
     command = [sys.executable, str(REPO / "train_backbone.py"), *QUIET, "stages=[rotation]",
                "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_epochs=2", "trainer.limit_train_batches=2",
-               f"checkpoint_dir={tmp_path}", "run_test=false"]
+               f"checkpoint_dir={tmp_path}", "run_test=false", "fewshot_eval.every_n_epochs=2", "fewshot_eval.tasks=3",
+               f"log_dir={tmp_path / 'logs'}"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -401,6 +406,16 @@ def test_two_process_cpu_ddp_writes_a_loadable_checkpoint(tmp_path: Path) -> Non
     assert len([p for p in (tmp_path / "digits/conv4").iterdir() if p.name != "latest"]) == 1  # ranks agreed
     backbone = load_backbone(tmp_path / "digits/conv4/latest/rotation/best.ckpt")
     assert backbone(torch.rand(3, 1, 8, 8)).shape == (3, 8)
+    from lightning_putm.features.files import load_features
+
+    fewshot = tmp_path / "logs" / "fewshot" / "digits" / "rotation"
+    assert (fewshot / "val_epoch_0001" / "results.csv").is_file()
+    base = load_features(fewshot / "base_features_train.pt")
+    data = FewShotDataModule("digits", image_size=8, eval_batch_size=512, eval_resize=1.0)
+    last = load_backbone(tmp_path / "digits/conv4/latest/rotation/last.ckpt")
+    with torch.no_grad():
+        expected = torch.cat([last(images) for images, _, _ in data.eval_loader("train")])
+    assert torch.equal(base.labels, data.split("train").labels) and torch.allclose(base.features, expected, atol=1e-5)
 
 
 def test_wandb_offline_logging_needs_no_key(tmp_path: Path, monkeypatch) -> None:
