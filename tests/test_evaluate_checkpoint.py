@@ -363,14 +363,24 @@ def test_cli_checkpoint_errors_exit_2_without_traceback(tmp_path):
 
 
 def test_pretraining_runs_the_fewshot_callback_every_k_validation_epochs(tmp_path):
+    """The check runs at epoch 2 of 2 only, says what it will do first and what it cost after, and CL2N's base mean
+    is the train split's features with the checked weights (eval mode, no augmentation): those of last.ckpt.
+
+    Kills: a check every epoch; no plan or cost line; SimpleShot without base features (the notice); base features
+    taken from training batches (augmented), in train mode (BatchNorm batch statistics) or from other weights."""
+    from lightning_putm.data.datamodule import FewShotDataModule
+    from lightning_putm.pretraining.checkpoints import load_checkpoint_backbone
+
+    lines: list[str] = []
     run_train_backbone(["logger=csv", f"log_dir={tmp_path / 'logs'}", "trainer.enable_progress_bar=false",
                         "trainer.enable_model_summary=false", "trainer.accelerator=cpu", "backbone.width=8",
                         "stages=[classifier]", "trainer.max_epochs=2", "val_episodes.tasks=5", "run_test=true",
                         "test_episodes.tasks=5", f"checkpoint_dir={tmp_path / 'ck'}", "fewshot_eval.every_n_epochs=2",
-                        "fewshot_eval.tasks=3", "fewshot_eval.overrides=[method.putm.em_steps=1,method.putm.inner_steps=2]"],
-                       log=quiet)
+                        "fewshot_eval.methods=[putm,simpleshot]", "fewshot_eval.tasks=3",
+                        "fewshot_eval.overrides=[method.putm.em_steps=1,method.putm.inner_steps=2]"],
+                       log=lines.append)
     folder = tmp_path / "logs" / "fewshot" / "digits" / "classifier"
-    assert [p.name for p in sorted(folder.iterdir())] == ["val_epoch_0001"]  # epoch 2 of 2 only
+    assert [p.name for p in sorted(folder.iterdir())] == ["base_features_train.pt", "val_epoch_0001"]  # epoch 2 only
     summary = read_csv(folder / "val_epoch_0001" / "results.csv")
     assert {(r["method"], r["alpha"]) for r in summary} == {(m, a) for m in ("putm", "simpleshot") for a in ("2", "balanced")}
     [metrics_file] = list((tmp_path / "logs").rglob("metrics.csv"))
@@ -378,6 +388,21 @@ def test_pretraining_runs_the_fewshot_callback_every_k_validation_epochs(tmp_pat
     assert len(logged) == 1 and logged[0]["epoch"] == "1"
     putm = next(r for r in summary if r["method"] == "putm" and r["alpha"] == "2")
     assert float(logged[0]["val_fewshot/putm/1shot/alpha_2/acc"]) == pytest.approx(float(putm["accuracy"]), abs=1e-3)
+    [plan] = [line for line in lines if line.startswith("few-shot check after")]
+    assert "putm, simpleshot on shots [1] x alphas [2, balanced] x 3 tasks" in plan and "base features" in plan
+    assert len([line for line in lines if line.startswith("few-shot check took")]) == 1
+    assert not any("no base_features" in line for line in lines)
+    [base_line] = [line for line in lines if line.startswith("base-class mean for CL2N")]
+    assert str(folder / "base_features_train.pt") in base_line
+    base = load_features(folder / "base_features_train.pt")
+    [last] = list((tmp_path / "ck").rglob("classifier/last.ckpt"))  # the weights of the check (no step after it)
+    backbone, _ = load_checkpoint_backbone(last, in_channels=1)
+    data = FewShotDataModule("digits", image_size=8, eval_batch_size=512, eval_resize=1.0)
+    train = data.split("train")
+    with torch.no_grad():
+        expected = torch.cat([backbone(images) for images, _, _ in data.eval_loader("train")])
+    assert len(base) == len(train) and torch.equal(base.labels, train.labels.long())
+    assert torch.allclose(base.features, expected, atol=1e-5)
 
 
 def test_wandb_logs_offline_without_credentials_and_never_prints_the_key(tmp_path, monkeypatch):

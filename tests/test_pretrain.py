@@ -236,6 +236,34 @@ def test_one_stage_may_be_named_without_brackets() -> None:
         settings_from_config(load_train_config(["stages=rotaton"]))
 
 
+def test_the_in_training_checks_base_features_are_the_train_split_or_none() -> None:
+    """``fewshot_eval.base_features``: split:train (default) makes the stage's callback extract the train split at
+    each check; null leaves CL2N off (the notice says so); a feature file is refused, naming the key.
+
+    Kills: a default without base features (SimpleShot's silent L2N fallback); null still extracting; a file from
+    another backbone accepted, or slipped in through fewshot_eval.overrides (the check would silently replace it)."""
+    from lightning_putm.evaluation.callback import FewShotEvaluationCallback
+    from lightning_putm.pretraining.stages import SplitFeatures, build_stage_trainer
+
+    def check_callback(overrides: list[str]) -> FewShotEvaluationCallback:
+        settings = settings_from_config(load_train_config(["fewshot_eval.every_n_epochs=1", *overrides]))
+        settings.run_folder = Path("unused")
+        trainer = build_stage_trainer(settings, "rotation", True, logger=False, say=lambda _: None)
+        [callback] = [c for c in trainer.callbacks if isinstance(c, FewShotEvaluationCallback)]
+        return callback
+
+    default = check_callback([])
+    assert isinstance(default.base_features_from, SplitFeatures) and default.base_features_from.split == "train"
+    assert default.base_features_from.path.name == "base_features_train.pt"
+    assert default.settings.methods == ["simpleshot"] and default.settings.base_features is None
+    assert check_callback(["fewshot_eval.base_features=null"]).base_features_from is None
+    with pytest.raises(ConfigError, match=r"fewshot_eval.base_features must be split:train .* or null .*got 'b.pt'"):
+        settings_from_config(load_train_config(["fewshot_eval.every_n_epochs=1", "fewshot_eval.base_features=b.pt"]))
+    with pytest.raises(ConfigError, match="give the base features as fewshot_eval.base_features"):
+        settings_from_config(load_train_config(["fewshot_eval.every_n_epochs=1",
+                                                "fewshot_eval.overrides=[base_features=b.pt]"]))
+
+
 # ------------------------------------------------------------------------------------------- Trainer options
 def test_validation_limited_to_part_of_the_split_finishes_with_last_as_best(tmp_path: Path) -> None:
     """limit_val_batches leaves val/acc uncomputed; the run used to die with `could not find the monitored key`."""
@@ -360,10 +388,15 @@ def test_checkpoints_are_read_with_weights_only(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------- DDP and W&B
 def test_two_process_cpu_ddp_writes_a_loadable_checkpoint(tmp_path: Path) -> None:
-    """2 processes, gloo backend, through the real script (Lightning relaunches it per rank): ~20 s."""
+    """2 processes, gloo backend, through the real script (Lightning relaunches it per rank): ~20 s. The few-shot
+    check at epoch 2 runs on both: its base features (each process extracts a shard of the train split, gathered)
+    are every train row once, as one process computes them from last.ckpt.
+
+    Kills: a shard's rows missing or placed wrongly; only rank 0 extracting (the collective would hang)."""
     command = [sys.executable, str(REPO / "train_backbone.py"), *QUIET, "stages=[rotation]",
                "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_epochs=2", "trainer.limit_train_batches=2",
-               f"checkpoint_dir={tmp_path}", "run_test=false"]
+               f"checkpoint_dir={tmp_path}", "run_test=false", "fewshot_eval.every_n_epochs=2", "fewshot_eval.tasks=3",
+               f"log_dir={tmp_path / 'logs'}"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -373,6 +406,16 @@ def test_two_process_cpu_ddp_writes_a_loadable_checkpoint(tmp_path: Path) -> Non
     assert len([p for p in (tmp_path / "digits/conv4").iterdir() if p.name != "latest"]) == 1  # ranks agreed
     backbone = load_backbone(tmp_path / "digits/conv4/latest/rotation/best.ckpt")
     assert backbone(torch.rand(3, 1, 8, 8)).shape == (3, 8)
+    from lightning_putm.features.files import load_features
+
+    fewshot = tmp_path / "logs" / "fewshot" / "digits" / "rotation"
+    assert (fewshot / "val_epoch_0001" / "results.csv").is_file()
+    base = load_features(fewshot / "base_features_train.pt")
+    data = FewShotDataModule("digits", image_size=8, eval_batch_size=512, eval_resize=1.0)
+    last = load_backbone(tmp_path / "digits/conv4/latest/rotation/last.ckpt")
+    with torch.no_grad():
+        expected = torch.cat([last(images) for images, _, _ in data.eval_loader("train")])
+    assert torch.equal(base.labels, data.split("train").labels) and torch.allclose(base.features, expected, atol=1e-5)
 
 
 def test_wandb_offline_logging_needs_no_key(tmp_path: Path, monkeypatch) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import pytorch_lightning as pl
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from lightning_putm.data.episodes import EpisodeBank, sample_episode_bank
 from lightning_putm.data.imagesplit import ImageSplit
@@ -225,17 +225,26 @@ class FewShotDataModule(pl.LightningDataModule):
             generator=generator, **self.loader_options().kwargs(),
         )
 
-    def _eval_loader(self, split: str, transform: Callable[[Any], torch.Tensor] | None = None) -> DataLoader | list:
+    def _eval_loader(self, split: str, transform: Callable[[Any], torch.Tensor] | None = None,
+                     shard: tuple[int, int] | None = None) -> DataLoader | list:
         """Every image of ``split`` in order, through ``transform`` (default: the evaluation transform of the data
-        settings; a pretrained model brings its own preprocessing)."""
+        settings; a pretrained model brings its own preprocessing). ``shard=(rank, world_size)``: that process's
+        part, as Lightning's DistributedSampler would give it (equal parts, the last padded)."""
         data = self.split(split)
         if len(data) == 0:
             return []
         if transform is None:
             transform = eval_transform(self.image_size, self.in_channels, self.normalize,
                                        from_files=not self.info.in_memory, resize_factor=self.eval_resize)
-        return DataLoader(data.to_dataset(transform, with_index=True), batch_size=self.eval_batch_size,
-                          shuffle=False, **self.loader_options().kwargs())
+        dataset = data.to_dataset(transform, with_index=True)
+        sampler = None if shard is None else DistributedSampler(dataset, num_replicas=shard[1], rank=shard[0],
+                                                                shuffle=False)
+        return DataLoader(dataset, batch_size=self.eval_batch_size, shuffle=False, sampler=sampler,
+                          **self.loader_options().kwargs())
+
+    def eval_loader(self, split: str, shard: tuple[int, int] | None = None) -> DataLoader | list:
+        """``split`` through the evaluation transform (no augmentation), in order; ``[]`` for an empty split."""
+        return self._eval_loader(split, shard=shard)
 
     def val_dataloader(self) -> DataLoader | list:
         return self._eval_loader("val")

@@ -1,21 +1,25 @@
 """The PUTM test-time callback: features → Dirichlet episode banks → PUTM and its peers → logs, CSVs, plots.
 
-:class:`FewShotEvaluationCallback` turns any Lightning loop that yields ``{"features", "labels", "indices"}``
-per batch into a few-shot evaluation (Tian et al., ICCV 2023, §5: accuracy over Dirichlet α):
+:class:`FewShotEvaluationCallback` turns the test loop (and, when asked, the validation loop) of any
+LightningModule whose step returns ``{"features", "labels"}`` (``indices`` optional) or a ``(features, labels)``
+tuple into a few-shot evaluation (Tian et al., ICCV 2023, §5: accuracy over Dirichlet α):
 
-* at test time (``Trainer.test``, as ``evaluate.py`` does) on the test split, and optionally
-* every ``every_n_val_epochs`` validation epochs during pretraining (``S2M2Module`` yields the same dict).
+* at test time (``Trainer.test``, as ``evaluate.py`` does) on the test loop's rows, and optionally
+* every ``every_n_val_epochs`` validation epochs during ``Trainer.fit`` (pretraining's ``S2M2Module`` yields the
+  same dict; ``docs/callback.md`` shows a user's own module).
 
-At the end of the epoch it assembles the split's feature table (gathered over processes, placed by row index),
-optionally stores it in the feature cache, runs every configured method over shots × α on one seeded episode
-bank per (shot, α), and reports through the trainer's loggers: per (method, shot, α) the mean
-accuracy and 95% CI as metrics; with W&B also a ``wandb.Table`` of all results, a line plot of accuracy vs α
-per method and shot, and the figures of :mod:`lightning_putm.plots`. The summary and per-task CSVs, the
-effective config and the PNGs go to ``output_dir``.
+Its settings are ``conf/evaluate.yaml``'s, as keyword arguments (:mod:`~lightning_putm.evaluation.keywords`) or
+as :class:`EvaluationSettings`. At the end of the epoch it assembles the split's feature table (gathered over
+processes, placed by row index when the step gives one), optionally stores it in the feature cache, runs every
+configured method over shots × α on one seeded episode bank per (shot, α), and reports through the trainer's
+loggers: per (method, shot, α) the mean accuracy and 95% CI as metrics; with W&B also a ``wandb.Table`` of all
+results, a line plot of accuracy vs α per method and shot, and the figures of :mod:`lightning_putm.plots`. The
+summary and per-task CSVs, the effective config and the PNGs go to ``output_dir``.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +28,10 @@ import pytorch_lightning as pl
 import torch
 import yaml
 
+from lightning_putm.config import command_line_value
+from lightning_putm.errors import ConfigError
+from lightning_putm.evaluation.keywords import WHO, callback_settings, settings_yaml
+from lightning_putm.evaluation.progress import format_duration
 from lightning_putm.evaluation.records import Provenance
 from lightning_putm.evaluation.report import (format_table, log_to_loggers, make_plots, precision_note, write_report,
                                               wrote_line)
@@ -32,53 +40,101 @@ from lightning_putm.evaluation.settings import EvaluationSettings
 from lightning_putm.evaluation.store import SettingStore
 from lightning_putm.features.cache import FeatureCache
 from lightning_putm.features.extraction import FeatureCollector
+from lightning_putm.methods import method_uses_base_mean
 from lightning_putm.runs import remove_stale
+from lightning_putm.validators import alpha_label
 
 #: What an evaluation writes into its folder (a re-run into the same folder removes what it did not rewrite).
 MANAGED_FILES = ("results.csv", "per_task.csv", "config.yaml", "plots/*.png", "plots/*.pdf", "plots/*.svg",
                  "settings/*.pt")
+#: The callback's own arguments (the others are ``conf/evaluate.yaml``'s evaluation settings).
+OWN_ARGUMENTS = ("settings", "every_n_val_epochs", "run_at_test", "plots", "plot_task", "feature_cache", "config_yaml",
+                 "base_features_from", "log")
+#: Where ``output_dir=auto`` puts the files: this folder under the Trainer's ``log_dir``.
+AUTO_FOLDER = "fewshot"
+
+BaseFeaturesHook = Callable[[pl.Trainer, pl.LightningModule], "Path | None"]
 
 
 class FewShotEvaluationCallback(FeatureCollector):
-    """Run few-shot methods on the features produced by a test (or validation) loop and log the results."""
+    """Run few-shot methods on the features produced by a test (or validation) loop and log the results.
+
+    ``FewShotEvaluationCallback(methods=["putm", "simpleshot"], shots=[1, 5], tasks=500, every_n_val_epochs=1)``:
+    every keyword of ``conf/evaluate.yaml``'s evaluation settings, same names and defaults (``method_params`` is
+    its ``method`` section), checked as ``evaluate.py`` checks them; or ``FewShotEvaluationCallback(settings)``
+    with settings already validated (what ``evaluate.py`` and pretraining pass).
+
+    * ``every_n_val_epochs``: ``None`` = only at test time; ``k`` = also after the validation of epochs k, 2k, ...
+    * ``run_at_test``: evaluate the test loop (pretraining turns it off: its test scores nearest class mean).
+    * ``base_features_from``: called at each evaluation (all processes) for a feature file of the base classes
+      when a method subtracts their mean (pretraining extracts its train split with the current weights).
+    * ``log``: where the console lines go (rank zero only).
+    """
 
     def __init__(
         self,
-        settings: EvaluationSettings,
+        settings: EvaluationSettings | None = None,
         *,
         every_n_val_epochs: int | None = None,
+        run_at_test: bool = True,
+        plots: bool | None = None,
+        plot_task: int | None = None,
         feature_cache: FeatureCache | None = None,
         config_yaml: str | None = None,
-        plots: bool = True,
-        plot_task: int = 0,
-        run_at_test: bool = True,
+        base_features_from: BaseFeaturesHook | None = None,
         log: Callable[[str], None] = print,
+        **evaluation: Any,
     ) -> None:
-        super().__init__()
-        if every_n_val_epochs is not None and every_n_val_epochs < 1:
-            raise ValueError("every_n_val_epochs must be >= 1 (or None to evaluate only at test time)")
+        k = every_n_val_epochs
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ConfigError(f"{WHO}: `every_n_val_epochs` must be an integer >= 1 (or None: only at test time), "
+                              f"got {k!r}")
+        if not isinstance(run_at_test, bool):
+            raise ConfigError(f"{WHO}: `run_at_test` must be True or False, got {run_at_test!r}")
+        if settings is None:
+            given = {"plots": plots, "plot_task": plot_task}
+            settings = callback_settings({**evaluation, **{k: v for k, v in given.items() if v is not None}},
+                                         own=OWN_ARGUMENTS)
+            config_yaml = settings_yaml(settings) if config_yaml is None else config_yaml
+        elif not isinstance(settings, EvaluationSettings):
+            raise ConfigError(f"{WHO}: `settings` must be an EvaluationSettings, got {type(settings).__name__}; or "
+                              "give the evaluation settings as keyword arguments (methods=..., tasks=...)")
+        elif evaluation:
+            raise ConfigError(f"{WHO}: give the evaluation settings as an EvaluationSettings or as keyword "
+                              f"arguments, not both (got settings and {', '.join(sorted(evaluation))})")
+        super().__init__(settings.split)
         self.settings = settings
         self.every_n_val_epochs = every_n_val_epochs
         self.feature_cache = feature_cache
         self.config_yaml = config_yaml
-        self.plots = plots
-        self.plot_task = plot_task
+        self.plots = settings.plots if plots is None else plots
+        self.plot_task = settings.plot_task if plot_task is None else plot_task
         self.run_at_test = run_at_test  # False during pretraining: Trainer.test there scores the test split by NCM
+        self.base_features_from = base_features_from
         self.say = log
         self.results: list[SettingResult] = []  # of the last evaluation
         self.paths: dict[str, Path] = {}  # files written by the last evaluation
+        self.checks = 0  # validation checks run in this process (the first one's time is reported)
+        self._epoch_start: float | None = None
 
     # ------------------------------------------------------------------------------------------- hooks
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.every_n_val_epochs is not None and trainer.is_global_zero:
+            self.say(self.plan_line())
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._epoch_start = time.perf_counter()
+
     def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                           batch_idx: int, dataloader_idx: int = 0) -> None:
         if self.run_at_test:
-            self.collect(outputs)
+            self.collect(trainer, pl_module, outputs, "test", dataloader_idx)
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.run_at_test:
             return
         self._evaluate(trainer, pl_module, split=self.settings.split, prefix="fewshot",
-                       output_dir=self.settings.output_dir, cache=self.feature_cache)
+                       output_dir=self.output_dir(trainer), cache=self.feature_cache)
 
     def _val_epoch_due(self, trainer: pl.Trainer) -> bool:
         k = self.every_n_val_epochs
@@ -87,13 +143,65 @@ class FewShotEvaluationCallback(FeatureCollector):
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                                 batch_idx: int, dataloader_idx: int = 0) -> None:
         if self._val_epoch_due(trainer):
-            self.collect(outputs)
+            self.collect(trainer, pl_module, outputs, "validation", dataloader_idx)
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._val_epoch_due(trainer) and self._outputs:
-            folder = self.settings.output_dir / f"val_epoch_{trainer.current_epoch:04d}"
+            started = time.perf_counter()
+            epoch = None if self._epoch_start is None else started - self._epoch_start
+            folder = self.output_dir(trainer) / f"val_epoch_{trainer.current_epoch:04d}"
             self._evaluate(trainer, pl_module, split="val", prefix="val_fewshot", output_dir=folder, cache=None)
+            self.checks += 1
+            if self.checks == 1 and trainer.is_global_zero:
+                self.say(self.timing_line(trainer, time.perf_counter() - started, epoch))
         self._outputs = []
+
+    def output_dir(self, trainer: pl.Trainer) -> Path:
+        """``output_dir``, or with ``auto`` the ``fewshot`` folder in the Trainer's ``log_dir`` (a CSV or
+        TensorBoard logger's version folder, another logger's ``save_dir``, else ``default_root_dir``)."""
+        if self.settings.output_dir is None:
+            self.settings = replace(self.settings, output_dir=Path(trainer.log_dir or trainer.default_root_dir)
+                                    / AUTO_FOLDER)
+        assert self.settings.output_dir is not None
+        return self.settings.output_dir
+
+    # ------------------------------------------------------------------------------------------- costs
+    def plan_line(self) -> str:
+        """What each in-training check will do, said before the first one (its time follows the first one)."""
+        s, k = self.settings, self.every_n_val_epochs
+        when = "after every validation epoch" if k == 1 else \
+            f"after the validation of every {k} epochs (epochs {k}, {2 * (k or 1)}, ...)"
+        per_method = len(s.shots) * len(s.alphas) * s.tasks
+        base = " (and the base features for CL2N)" if self.base_features_from is not None and any(
+            method_uses_base_mean(m) for m in s.methods) else ""
+        return (f"few-shot check {when}: {', '.join(s.methods)} on shots {command_line_value(s.shots)} x alphas "
+                f"{command_line_value([alpha_label(a) for a in s.alphas])} x {s.tasks} tasks "
+                f"= {per_method} tasks per method on the validation features{base}; its time is printed after the "
+                "first check")
+
+    def timing_line(self, trainer: pl.Trainer, seconds: float, epoch: float | None) -> str:
+        """The first check's measured time, by method, beside the epoch before it, and what the later ones add."""
+        by_method: dict[str, float] = {}
+        for result in self.results:
+            by_method[result.method] = by_method.get(result.method, 0.0) + result.seconds
+        methods = ", ".join(f"{name} {value:.1f} s" for name, value in by_method.items())
+        rest = seconds - sum(by_method.values())
+        line = f"few-shot check took {seconds:.1f} s ({methods}; features, files and figures {rest:.1f} s)"
+        if epoch is not None:
+            line += f"; the epoch before it (training and validation) {epoch:.1f} s"
+        later = self._later_checks(trainer)
+        if later:
+            line += f"; {later} more check(s) in this fit: about {format_duration(later * seconds)} in all"
+        return line
+
+    def _later_checks(self, trainer: pl.Trainer) -> int:
+        last = trainer.max_epochs
+        k = self.every_n_val_epochs or 1
+        if last is None or last < 0:
+            return 0
+        every = trainer.check_val_every_n_epoch or 1
+        return sum(1 for epoch in range(trainer.current_epoch + 1, last) if (epoch + 1) % k == 0
+                   and (epoch + 1) % every == 0)
 
     # ------------------------------------------------------------------------------------------- steps
     def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, split: str, prefix: str,
@@ -118,6 +226,10 @@ class FewShotEvaluationCallback(FeatureCollector):
         if device.type == pl_module.device.type:  # one process per GPU: each rank uses its own
             device = pl_module.device
         settings = replace(self.settings, output_dir=output_dir, device=device)
+        if self.base_features_from is not None and any(method_uses_base_mean(m) for m in settings.methods):
+            base = self.base_features_from(trainer, pl_module)  # every process: it may gather across them
+            if base is not None:
+                settings = replace(settings, base_features=str(base))
         if trainer.world_size > 1:
             start, stop = shard_range(settings.tasks, trainer.global_rank, trainer.world_size)
             print(f"rank {trainer.global_rank} of {trainer.world_size}: solving tasks {start}-{stop - 1} of each bank",

@@ -89,14 +89,94 @@ class FeatureRowsDataModule(pl.LightningDataModule):
         return DataLoader(dataset, batch_size=self.batch_size, shuffle=False)
 
 
+#: What a test or validation step must return for the few-shot callback to collect its features.
+STEP_OUTPUTS = ("{'features': [B, d] float tensor, 'labels': [B] integer tensor} (optionally 'indices': [B] "
+                "dataset row indices), or a (features, labels) tuple")
+
+
+@dataclass
+class StepRows:
+    """One batch's rows as collected: detached and on the CPU (no autograd graph, no accelerator memory held)."""
+
+    features: torch.Tensor  # [B, d]
+    labels: torch.Tensor  # [B]
+    indices: torch.Tensor | None  # [B] dataset rows, or None: rows are placed in the order they were collected
+
+
+def _described(value: Any) -> str:
+    """What a step returned, in a few words: ``a dict with keys ['loss']``, ``a tensor of shape [64, 10]``."""
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
+    if isinstance(value, dict):
+        return f"a dict with keys {sorted(map(str, value))}"
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)}"
+    return "None" if value is None else f"a {type(value).__name__}"
+
+
+def step_rows(outputs: Any, where: str) -> StepRows:
+    """The rows of one step's outputs: a dict with ``features`` and ``labels`` (and ``indices``), or a
+    ``(features, labels[, indices])`` tuple; anything else is a one-line :class:`FeatureError` saying what to return."""
+    if isinstance(outputs, dict) and {"features", "labels"} <= set(outputs):
+        features, labels, indices = outputs["features"], outputs["labels"], outputs.get("indices")
+    elif isinstance(outputs, (tuple, list)) and len(outputs) in (2, 3):
+        features, labels, indices = outputs[0], outputs[1], (outputs[2] if len(outputs) == 3 else None)
+    else:
+        raise FeatureError(f"{where} must return {STEP_OUTPUTS} for the few-shot callback; it returned "
+                           f"{_described(outputs)}")
+    if not isinstance(features, torch.Tensor) or features.dim() != 2 or not features.dtype.is_floating_point:
+        flatten = "; flatten it with features.flatten(1)" if isinstance(features, torch.Tensor) \
+            and features.dim() > 2 else ""
+        raise FeatureError(f"{where}: 'features' must be a [B, d] float tensor (one row per sample), got "
+                           f"{_described(features)}{flatten}")
+    for name, value in (("labels", labels), ("indices", indices)):
+        if name == "indices" and value is None:
+            continue
+        if not isinstance(value, torch.Tensor) or value.dim() != 1 or value.dtype.is_floating_point \
+                or value.dtype == torch.bool or len(value) != len(features):
+            raise FeatureError(f"{where}: '{name}' must be a [B] integer tensor with one entry per row of "
+                               f"'features' ({len(features)} rows), got {_described(value)}")
+    return StepRows(features.detach().cpu(), labels.detach().cpu(),
+                    None if indices is None else indices.detach().cpu())
+
+
+@dataclass
+class SplitInfo:
+    """What a datamodule says about a split: its size and class names (``None`` for a datamodule without
+    ``split(name)``, or no datamodule: rows and class names then come from the collected batches)."""
+
+    size: int
+    class_names: list[str]
+    metadata: dict[str, Any]
+
+
+def split_info(trainer: pl.Trainer, split: str) -> SplitInfo | None:
+    """The split as the Trainer's datamodule describes it (``split(name)`` with ``len`` and ``class_names``, as
+    :class:`~lightning_putm.data.datamodule.FewShotDataModule` has), else ``None``."""
+    datamodule = getattr(trainer, "datamodule", None)
+    describe = getattr(datamodule, "split", None)
+    if not callable(describe):
+        return None
+    info = describe(split)
+    if not hasattr(info, "__len__") or not hasattr(info, "class_names"):
+        return None
+    return SplitInfo(len(info), list(info.class_names), dict(getattr(info, "metadata", {}) or {}))
+
+
 class FeatureCollector(pl.Callback):
-    """Collects ``{features, labels, indices}`` of the test loop; :attr:`feature_set` is the assembled split
-    (``split`` names the datamodule's split that the test loop runs over)."""
+    """Collects each batch's ``features``, ``labels`` (and ``indices``) of the test loop; :attr:`feature_set` is
+    the assembled split (``split`` names the split the loop runs over, as the datamodule calls it).
+
+    Rows with ``indices`` are placed at their dataset row, so the table does not depend on the batch order or the
+    number of processes. Without ``indices`` the table's row ``i`` is the ``i``-th row collected (the loader's
+    order: a shuffled loader gives another order, and so other seeded tasks, at every pass); under several
+    processes that is ambiguous (each sees a padded shard) and refused.
+    """
 
     def __init__(self, split: str = "test") -> None:
         super().__init__()
         self.split = split
-        self._outputs: list[dict[str, torch.Tensor]] = []
+        self._outputs: list[StepRows] = []
         self.feature_set: FeatureSet | None = None
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -107,35 +187,75 @@ class FeatureCollector(pl.Callback):
 
     def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                           batch_idx: int, dataloader_idx: int = 0) -> None:
-        self.collect(outputs)
+        self.collect(trainer, pl_module, outputs, "test", dataloader_idx)
 
     def on_test_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.feature_set = self.assemble(trainer, pl_module, self.split)
         self._outputs = []
 
-    def collect(self, outputs: Any) -> None:
-        if not isinstance(outputs, dict) or not {"features", "labels", "indices"} <= set(outputs):
-            raise TypeError("the loop's step must return a dict with 'features', 'labels' and 'indices' to collect "
-                            "features (BackboneFeatures, FeatureRows and S2M2Module do)")
-        self._outputs.append({k: outputs[k].detach() for k in ("features", "labels", "indices")})
+    def collect(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, loop: str = "test",
+                dataloader_idx: int = 0) -> None:
+        """Keep one batch's rows; a step output the callback cannot use is an error at the first batch."""
+        where = f"{type(pl_module).__name__}.{loop}_step"
+        if dataloader_idx:
+            raise FeatureError(f"{where}: the few-shot callback evaluates one {loop} dataloader, but this loop has "
+                               f"several (dataloader_idx={dataloader_idx}); give the {loop} loop one dataloader")
+        rows = step_rows(outputs, where)
+        if rows.indices is None and trainer.world_size > 1:
+            raise FeatureError(f"{where} returns no 'indices' but runs on {trainer.world_size} processes, each on "
+                               "a padded shard of the data: return 'indices' (each row's index in the dataset) so "
+                               "every row is placed once")
+        if self._outputs and (self._outputs[0].indices is None) != (rows.indices is None):
+            raise FeatureError(f"{where} returned 'indices' for some batches and not for others; return them for "
+                               "every batch or for none")
+        self._outputs.append(rows)
 
     def assemble(self, trainer: pl.Trainer, pl_module: pl.LightningModule, split: str) -> FeatureSet:
-        """The split's feature table ``[n, d]`` from every process's batches, rows placed by dataset index."""
+        """The split's feature table ``[n, d]`` from every process's batches.
+
+        With a datamodule that describes the split (``split(name)``), every one of its rows must have been
+        evaluated and its class names are used; otherwise the table holds the rows seen (by index, each once; or in
+        the order collected) and the class names are the label values."""
         if not self._outputs:
             raise FeatureError(f"the {split} loop produced no batches; check the data split and limit_{split}_batches")
-        indices = torch.cat([o["indices"] for o in self._outputs]).long()
-        labels = torch.cat([o["labels"] for o in self._outputs]).long()
-        features = torch.cat([o["features"] for o in self._outputs]).float()
-        datamodule = trainer.datamodule
-        info = datamodule.split(split)
-        num_rows = len(info)
-        gather = pl_module.all_gather if trainer.world_size > 1 else None  # DistributedSampler: equal shards
-        table, label_table, _ = scatter_rows(num_rows, indices, features, labels, all_gather=gather)
+        labels = torch.cat([o.labels for o in self._outputs]).long()
+        features = torch.cat([o.features for o in self._outputs]).float()
+        info = split_info(trainer, split)
+        if self._outputs[0].indices is not None:
+            indices = torch.cat([o.indices for o in self._outputs if o.indices is not None]).long()
+            features, labels = self._placed(trainer, pl_module, split, info, indices, features, labels)
+        if info is not None:
+            class_names = info.class_names
+        else:  # class names are the label values; labels become their positions 0..C-1
+            values = labels.unique(sorted=True)
+            labels = torch.searchsorted(values, labels)
+            class_names = [str(v) for v in values.tolist()]
+        datamodule = getattr(trainer, "datamodule", None)
+        metadata = dict(info.metadata) if info is not None else {}
+        name = getattr(datamodule, "dataset_name", "features") if datamodule is not None else type(pl_module).__name__
+        metadata.setdefault("source", f"{name}/{split}")
+        # clone: tensors made under inference mode cannot take part in autograd (PUTM's navigators)
+        return FeatureSet(features.cpu().clone(), labels.cpu().clone(), class_names, metadata)
+
+    @staticmethod
+    def _placed(trainer: pl.Trainer, pl_module: pl.LightningModule, split: str, info: SplitInfo | None,
+                indices: torch.Tensor, features: torch.Tensor,
+                labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every process's rows at their dataset index (DistributedSampler: equal shards, padding lands twice)."""
+        gather = None
+        if trainer.world_size > 1:  # the collective runs on the module's device (NCCL needs CUDA tensors)
+            gather = pl_module.all_gather
+            indices, features, labels = (t.to(pl_module.device) for t in (indices, features, labels))
+        if info is not None:
+            num_rows = info.size
+        else:
+            top = indices.max() if len(indices) else indices.new_tensor(-1)
+            num_rows = int((gather(top).max() if gather is not None else top)) + 1
+        table, label_table, seen = scatter_rows(num_rows, indices, features, labels, all_gather=gather)
+        if info is None:
+            return table[seen], label_table[seen]
         missing = int((label_table < 0).sum())
         if missing:
             raise FeatureError(f"{missing} of {num_rows} rows of the {split} split were not evaluated "
                                f"(limit_{split}_batches?); few-shot evaluation needs every row")
-        metadata = dict(getattr(info, "metadata", {}) or {})
-        metadata.setdefault("source", f"{getattr(datamodule, 'dataset_name', 'features')}/{split}")
-        # clone: tensors made under inference mode cannot take part in autograd (PUTM's navigators)
-        return FeatureSet(table.cpu().clone(), label_table.cpu().clone(), list(info.class_names), metadata)
+        return table, label_table

@@ -100,6 +100,7 @@ class TrainSettings:
     loader: LoaderSettings = LoaderSettings()
     fewshot_eval: EvaluationSettings | None = None  # settings of the periodic PUTM/peer evaluation, or None
     fewshot_every: int | None = None
+    fewshot_base_split: str | None = None  # "train": CL2N's base features are that split's, extracted at each check
 
     run_folder: Path | None = None  # resolved by the job: <checkpoint_dir>/<dataset>/<backbone>/<run>
 
@@ -209,6 +210,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
         loader=_loader_settings(cfg),
         fewshot_every=_fewshot_every(cfg),
         fewshot_eval=_fewshot_settings(cfg),
+        fewshot_base_split=_fewshot_base_split(cfg),
     )
 
 
@@ -245,15 +247,33 @@ def _fewshot_settings(cfg: DictConfig) -> EvaluationSettings | None:
     if cfg.fewshot_eval.every_n_epochs is None:
         return None
     node = cfg.fewshot_eval
+    if any(str(o).partition("=")[0].strip() == "base_features" for o in (node.overrides or [])):
+        raise ConfigError("fewshot_eval.overrides: give the base features as fewshot_eval.base_features (split:train "
+                          "or null), not as an evaluate.py key")
     overrides = [f"methods={list(node.methods)}".replace("'", ""), f"shots={list(node.shots)}",
                  f"alphas={list(node.alphas)}".replace("'", ""), f"tasks={node.tasks}",
                  f"ways={cfg.val_episodes.ways}", f"queries={cfg.val_episodes.queries}", f"seed={cfg.val_episodes.seed}",
                  "split=val", "progress=false", f"output_dir={Path(str(cfg.log_dir)) / 'fewshot' / str(cfg.data.name)}",
+                 "base_features=null",  # split:train is extracted by the check itself (pretraining/stages.py)
                  *[str(o) for o in (node.overrides or [])]]
     try:
         return evaluation_settings(load_evaluate_config(overrides))
     except ConfigError as exc:
         raise ConfigError(f"fewshot_eval: {exc}") from exc
+
+
+def _fewshot_base_split(cfg: DictConfig) -> str | None:
+    """``split:train`` → ``"train"`` (the check extracts that split with the weights it checks), ``null`` → None
+    (plain L2 normalisation, with the notice). A feature file is refused: it would come from other weights than
+    the ones being trained, so its mean would not centre these features."""
+    value = cfg.fewshot_eval.get("base_features")
+    if value in (None, "", "null"):
+        return None
+    if value != "split:train":
+        raise ConfigError(f"fewshot_eval.base_features must be split:train (the train split's features, extracted "
+                          f"with the weights of each check) or null (plain L2 normalisation); got {value!r} (a "
+                          "feature file would hold another backbone's features)")
+    return "train"
 
 
 #: The ``data.*`` keys a checkpoint records: what its evaluation must use to see the same kind of images.

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytorch_lightning as pl
+import torch
 from omegaconf import DictConfig
 
 from lightning_putm.config import build_trainer
@@ -16,6 +17,8 @@ from lightning_putm.data.datamodule import FewShotDataModule
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.evaluation.callback import FewShotEvaluationCallback
 from lightning_putm.evaluation.progress import on_terminal
+from lightning_putm.features.files import FeatureSet, save_features
+from lightning_putm.features.table import scatter_rows
 from lightning_putm.loggers import build_logger
 from lightning_putm.pretraining.checkpoints import AtomicCheckpointIO, BestCheckpoint
 from lightning_putm.pretraining.module import S2M2Module
@@ -93,10 +96,55 @@ def build_stage_trainer(settings: TrainSettings, stage: str, has_val: bool, logg
             extra["enable_progress_bar"] = False
     if settings.fewshot_every is not None and has_val:
         fewshot = replace(settings.fewshot_eval, output_dir=settings.fewshot_eval.output_dir / stage)
+        split = settings.fewshot_base_split
+        base = None if split is None else SplitFeatures(split, fewshot.output_dir / f"base_features_{split}.pt")
         callbacks.append(FewShotEvaluationCallback(fewshot, every_n_val_epochs=settings.fewshot_every, plots=False,
-                                                   run_at_test=False))
+                                                   run_at_test=False, base_features_from=base, log=say))
     return build_trainer(settings.trainer, max_epochs=settings.epochs[stage], logger=logger, callbacks=callbacks,
                          plugins=[AtomicCheckpointIO()], enable_checkpointing=True, **extra)
+
+
+class SplitFeatures:
+    """The features of a split (``train``: the base classes) with the weights being trained, for CL2N in the
+    in-training few-shot check; a callable for ``FewShotEvaluationCallback(base_features_from=...)``.
+
+    SimpleShot, BD-CSPN, LaplacianShot and BAVARDAGE centre the features on the mean of the base classes the
+    backbone was trained on. During training that mean moves with the weights, so it is taken at every check: the
+    split is passed once through the backbone in eval mode with the evaluation transform (as ``evaluate.py``'s
+    ``base_features=split:train`` extracts it from a checkpoint). The features of the epoch's training batches
+    would not do: they are augmented (and mixed up in ``s2m2r``) and come from weights that changed during the
+    epoch. The file is rewritten at each check (atomically), each process extracting its shard.
+    """
+
+    def __init__(self, split: str, path: Path) -> None:
+        self.split = split
+        self.path = path
+
+    def __call__(self, trainer: pl.Trainer, module: pl.LightningModule) -> Path:
+        datamodule: FewShotDataModule = trainer.datamodule
+        world = trainer.world_size
+        loader = datamodule.eval_loader(self.split, shard=(trainer.global_rank, world) if world > 1 else None)
+        rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad(), trainer.precision_plugin.val_step_context():
+                for images, labels, indices in loader:
+                    rows.append((module(images.to(module.device)).float(), labels.to(module.device),
+                                 indices.to(module.device)))
+        finally:
+            module.train(was_training)
+        data = datamodule.split(self.split)
+        features, labels, indices = (torch.cat([r[i] for r in rows]) for i in range(3))
+        table, label_table, _ = scatter_rows(len(data), indices, features, labels,
+                                             all_gather=module.all_gather if world > 1 else None)
+        feature_set = FeatureSet(table.cpu(), label_table.cpu(), list(data.class_names),
+                                 {"source": f"{datamodule.dataset_name}/{self.split} at epoch "
+                                            f"{trainer.current_epoch + 1}"})
+        if trainer.is_global_zero:
+            save_features(feature_set, self.path)
+        trainer.strategy.barrier()  # every process reads the file
+        return self.path
 
 
 @dataclass
