@@ -109,9 +109,10 @@ def test_a_batch_on_tensors_is_evaluate_py_on_the_same_tasks(name, features, bas
     """``Method(shots=K, balanced=b, **options)(support, labels, query, task_seeds=bank seeds)`` on the bank's tensors
     equals the runner's probabilities bit for bit, and so its per-task accuracies.
 
-    Kills: the constructor resolving shots/balanced defaults differently from the registry (e.g. ``balanced`` not
-    reaching PUTM's rho/theta, TIM's weights, LaplacianShot's lmd, iLPC's balancing), ``task_seeds`` ignored or
-    re-ordered, the labels or the ways rebuilt wrongly from the tensors, base statistics not reaching the method."""
+    Kills: ``task_seeds`` ignored or re-ordered (PUTM), the labels or the ways rebuilt wrongly from the tensors, the
+    inputs converted on the way (another dtype or device), a tensor path that solves otherwise than ``predict``, the
+    base statistics of docs/python_api.md's recipe differing from ``base_features=``'s. (A constructor that drops
+    ``balanced`` is the same class on both sides: the ``balanced`` test below kills that.)"""
     for shots, alpha in SETTINGS:
         result, expected = evaluated[(name, shots, alpha)]
         gathered = result.bank.gather(features.features)
