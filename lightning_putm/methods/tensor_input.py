@@ -4,8 +4,7 @@ checks before it solves anything (:meth:`~lightning_putm.methods.base.FewShotMet
 One task is ``support [S, d]``, ``support_labels [S]``, ``query [Q, d]``; a batch of ``T`` tasks adds a leading
 ``T`` to each. Features are float32 (as evaluate.py's feature files; PUTM computes in float32 only); labels are
 integers ``0..N-1`` with every class in every task's support, so that column ``k`` of the output is label ``k``
-(the same rule as easyfsl: no silent remapping that would reorder the columns). ``N`` is the largest label plus
-one. Each task gets one integer seed (PUTM draws its navigator from it); the default is the task's index in the
+(no silent remapping that would reorder the columns). ``N`` is the largest label plus one. Each task gets one integer seed (PUTM draws its navigator from it); the default is the task's index in the
 call, so the same call gives the same result, and evaluate.py's results are reproduced by passing its bank's seeds.
 
 Every mistake is one line naming the argument and what it must be, raised before any work: a
@@ -106,7 +105,7 @@ def tasks_from_tensors(support: Any, support_labels: Any, query: Any,
     caller returns ``[Q, N]`` rather than ``[1, Q, N]``)."""
     support = _features("support", support, "[S, d]", "[T, S, d]")
     single = support.dim() == 2
-    one, many = ("[Q, d]", "[T, Q, d]")
+    one, many = "[Q, d]", "[T, Q, d]"
     query = _features("query", query, one, many)
     d = support.shape[-1]
     if query.dim() != support.dim():
