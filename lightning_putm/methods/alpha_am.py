@@ -46,10 +46,9 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.ilpc import signed_power
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.options import MethodOptions, option, shots_needed
 from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.tasks import TaskBatch
 
@@ -150,8 +149,7 @@ class AlphaAMSettings(MethodOptions):
         if not missing:
             return self
         if shots is None:
-            raise ConfigError(f"alpha_am: the number of shots is needed to choose {', '.join(missing)}; set "
-                              + ", ".join(f"method.alpha_am.{name}" for name in missing))
+            raise shots_needed(self.method, missing)
         chosen = {
             "alpha": by_shots(shots, self.alpha_one_shot, self.alpha_five_shot, self.alpha_other),
             "k": int(by_shots(shots, self.k_one_shot, self.k_five_shot, self.k_other)),
@@ -169,7 +167,8 @@ class AlphaAM(FewShotMethod):
     display_name = "α-AM"
     Settings = AlphaAMSettings
 
-    def __init__(self, shots: int | None = None, settings: AlphaAMSettings | None = None, **kwargs) -> None:
+    def __init__(self, settings: AlphaAMSettings | None = None, *, shots: int | None = None, **kwargs) -> None:
+        """Without ``shots``, ``alpha``, ``k`` and ``entropy_alpha`` must be given (chosen by shots)."""
         super().__init__(settings, shots=shots, **kwargs)
         self.last_state: dict[str, torch.Tensor] = {}
 

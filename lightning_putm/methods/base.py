@@ -15,20 +15,26 @@ uses the uniform one. Only when the user sets the explicit, default-off ``oracle
 evaluation pass the true per-task query counts ``[T, N]`` as ``query_counts``; :meth:`predict` then hands
 each chunk its rows as ``solve(chunk, class_counts=...)`` and :attr:`oracle_prior` is true, so every such
 result can be labelled. No other method ever receives counts.
+
+Called on plain tensors (:meth:`FewShotMethod.__call__`, docs/python_api.md), a method checks them
+(:mod:`~lightning_putm.methods.tensor_input`), checks that the support has the ``shots`` it was built for, and runs
+the same :meth:`~FewShotMethod.predict` as the evaluation, so the same tasks and seeds give the same numbers.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from abc import ABC, abstractmethod
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from tqdm.auto import tqdm
 
-from lightning_putm.errors import ConfigError, FeatureError
+from lightning_putm.errors import ConfigError, DataError, FeatureError
 from lightning_putm.methods.options import MethodOptions
+from lightning_putm.methods.tensor_input import support_shots, tasks_from_tensors
 from lightning_putm.tasks import TaskBatch
 
 #: ``memory_budget_mb: auto`` where the free memory cannot be asked (CPU): the fixed default budget.
@@ -72,11 +78,28 @@ class FewShotMethod(ABC):
     #: their names, defaults, bounds and help; ``None`` for a method without options.
     Settings: ClassVar[type[MethodOptions] | None] = None
 
-    def __init__(self, settings: MethodOptions | None = None, *, memory_budget_mb: float | str = 2048.0,
-                 show_progress: bool = False, query_counts: torch.Tensor | None = None, shots: int | None = None,
-                 balanced: bool | None = None, **options: Any) -> None:
+    def __init__(self, settings: MethodOptions | None = None, *, shots: int | None = None, balanced: bool = False,
+                 memory_budget_mb: float | str = 2048.0, show_progress: bool = False,
+                 query_counts: torch.Tensor | None = None, **options: Any) -> None:
         """``settings`` (a :attr:`Settings`) or keyword ``options`` (checked and converted by building one),
-        resolved for ``shots`` and the protocol (``balanced``); its fields read as attributes (``self.lr``)."""
+        resolved for ``shots`` and the protocol; its fields read as attributes (``self.lr``).
+
+        ``shots``: support examples per class, which chooses some methods' defaults (PUTM's inertia, α-TIM's α...);
+        ``None`` is refused by such a method unless those options are given, and a call on tensors
+        (:meth:`__call__`) refuses a support with another number per class. ``balanced``: ``False`` (default) =
+        Dirichlet-imbalanced query sets, ``True`` = balanced ones; it chooses the defaults of PUTM, TIM,
+        LaplacianShot, iLPC and BAVARDAGE (docs/python_api.md lists which)."""
+        if shots is not None and (isinstance(shots, bool) or not isinstance(shots, numbers.Integral) or shots < 1):
+            raise ConfigError(f"{self.name}: shots must be a positive integer (support examples per class) or None, "
+                              f"got {shots!r}")
+        shots = None if shots is None else int(shots)
+        if not isinstance(balanced, bool):
+            raise ConfigError(f"{self.name}: balanced must be True (balanced query sets) or False (Dirichlet-"
+                              f"imbalanced, the default), got {balanced!r}")
+        #: Support examples per class this instance was built for (``None``: not given, any support is accepted).
+        self.shots: int | None = shots
+        #: Whether the defaults were chosen for balanced query sets (``False``: Dirichlet-imbalanced).
+        self.balanced: bool = balanced
         if self.Settings is None:
             if settings is not None or options:
                 raise ConfigError(f"{self.name} takes no options, got {', '.join(sorted(options)) or 'settings'}")
@@ -155,6 +178,35 @@ class FewShotMethod(ABC):
             )
         if tasks.support_labels.min() < 0 or tasks.support_labels.max() >= tasks.ways:
             raise ValueError(f"support labels must lie in 0..{tasks.ways - 1}")
+
+    def __call__(self, support: torch.Tensor, support_labels: torch.Tensor, query: torch.Tensor, *,
+                 task_seeds: int | Sequence[int] | torch.Tensor | None = None) -> torch.Tensor:
+        """Query probabilities of one task or a batch of tasks given as plain tensors (docs/python_api.md).
+
+        One task: ``support [S, d]`` float32, ``support_labels [S]`` integers ``0..N-1`` (every class present),
+        ``query [Q, d]`` → ``[Q, N]``. A batch: ``[T, S, d]``, ``[T, S]``, ``[T, Q, d]`` → ``[T, Q, N]``. Column ``k``
+        is label ``k``; the work runs on the inputs' device. ``task_seeds``: one integer per task (an int for one
+        task) for PUTM's navigator draws; default the task's index in the call (``0..T-1``). With an episode bank's
+        ``task_seeds`` the result is evaluate.py's on the same tasks: this is the same :meth:`predict`.
+
+        A method built with ``shots=K`` refuses a support without exactly ``K`` rows of every class. Every mistake is
+        a one-line :class:`~lightning_putm.errors.LightningPutmError` (a ``ValueError``) before any work."""
+        tasks, single = tasks_from_tensors(support, support_labels, query, task_seeds)
+        self.check_shots(tasks)
+        probabilities = self.predict(tasks)
+        return probabilities[0] if single else probabilities
+
+    def check_shots(self, tasks: TaskBatch) -> None:
+        """Refuse (:class:`DataError`) a support that does not have the ``shots`` this instance was built for."""
+        if self.shots is None:
+            return
+        fewest, most = support_shots(tasks)
+        if fewest != self.shots or most != self.shots:
+            found = f"{fewest} row{'s' * (most != 1)}" if fewest == most else f"{fewest} to {most} rows"
+            raise DataError(f"{self.name} was built with shots={self.shots} but the support has {found} per "
+                            f"class; build it with shots={most if fewest == most else 'None'} for this support"
+                            + ("" if fewest == most else " (an uneven support: set the options chosen by shots "
+                                                         "yourself)"))
 
     def predict(self, tasks: TaskBatch, on_chunk: Callable[[int], None] | None = None) -> torch.Tensor:
         """Probabilities ``[T, Q, N]`` for all tasks, solved in memory-bounded chunks.

@@ -210,12 +210,12 @@ class BAVARDAGE(FewShotMethod):
     uses_base_covariance: ClassVar[bool] = True
     Settings = BAVARDAGESettings
 
-    def __init__(self, balanced: bool = False, shots: int | None = None, settings: BAVARDAGESettings | None = None,
-                 *, base_mean: torch.Tensor | None = None, base_covariance: torch.Tensor | None = None,
+    def __init__(self, settings: BAVARDAGESettings | None = None, *, balanced: bool = False,
+                 base_mean: torch.Tensor | None = None, base_covariance: torch.Tensor | None = None,
                  **kwargs) -> None:
-        super().__init__(settings, shots=shots, balanced=balanced, **kwargs)
-        self.balanced = bool(balanced)
-        self.shots = shots
+        """``balanced``: uniform fixed class weights instead of the Dirichlet posterior. ``base_mean`` ``[d]`` and
+        ``base_covariance`` ``[d, d]`` (:func:`base_within_class_scatter`) come from the base classes' features."""
+        super().__init__(settings, balanced=balanced, **kwargs)
         self.base_mean = base_mean
         self.precision: torch.Tensor | None = None
         if base_covariance is not None:

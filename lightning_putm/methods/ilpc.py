@@ -178,9 +178,9 @@ class ILPC(FewShotMethod):
     uses_class_prior = True  # the balancing marginal; true counts only under the explicit oracle switch
     Settings = ILPCSettings
 
-    def __init__(self, balanced: bool = False, settings: ILPCSettings | None = None, **kwargs) -> None:
+    def __init__(self, settings: ILPCSettings | None = None, *, balanced: bool = False, **kwargs) -> None:
+        """``balanced`` chooses ``balance=auto``'s balancing (uniform Sinkhorn on balanced tasks, none otherwise)."""
         super().__init__(settings, balanced=balanced, **kwargs)
-        self.balanced = bool(balanced)
         #: the balancing actually used without oracle counts: "uniform" or "none"
         self.resolved_balance = ("uniform" if self.balanced else "none") if self.balance == "auto" else self.balance
         self.last_state: dict[str, torch.Tensor] = {}

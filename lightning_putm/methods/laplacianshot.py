@@ -51,7 +51,7 @@ import torch
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.bdcspn import exact_squared_distances, rectify_prototypes_benchmark
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.options import MethodOptions, option, shots_needed
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
 
@@ -109,8 +109,10 @@ class LaplacianShotSettings(MethodOptions):
     def resolve(self, *, shots: int | None, balanced: bool | None) -> LaplacianShotSettings:
         changes: dict[str, object] = {}
         if self.lmd is None:
-            if shots is None or balanced is None:
-                raise ConfigError("laplacianshot: shots and the protocol are needed to choose lmd; set "
+            if shots is None:
+                raise shots_needed(self.method, ["lmd"])
+            if balanced is None:
+                raise ConfigError("laplacianshot: the protocol (balanced) is needed to choose lmd; set "
                                   "method.laplacianshot.lmd")
             table = self.lmd_balanced if balanced else self.lmd_dirichlet
             changes["lmd"] = table[0] if shots == 1 else table[1]
@@ -125,8 +127,10 @@ class LaplacianShot(FewShotMethod):
     uses_base_mean = True
     Settings = LaplacianShotSettings
 
-    def __init__(self, shots: int, balanced: bool, settings: LaplacianShotSettings | None = None, *,
-                 base_mean: torch.Tensor | None = None, **kwargs) -> None:
+    def __init__(self, settings: LaplacianShotSettings | None = None, *, shots: int | None = None,
+                 balanced: bool = False, base_mean: torch.Tensor | None = None, **kwargs) -> None:
+        """``shots`` and ``balanced`` choose ``lmd`` (without ``shots`` it must be given), ``balanced`` also
+        ``proto_rect``; ``base_mean`` ``[d]`` (the base classes' feature mean) turns L2N into CL2N."""
         super().__init__(settings, shots=shots, balanced=balanced, **kwargs)
         self.base_mean = base_mean
         self.pairwise_scale = 1.0 if self.energy == "benchmark" else 0.5

@@ -291,4 +291,12 @@ class MethodOptions:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["MethodOptions", "OptionField", "OptionSpec", "config_fields", "option", "option_fields", "requirement"]
+def shots_needed(method: str, names: list[str]) -> ConfigError:
+    """The error of a method built without ``shots`` whose options ``names`` are chosen by the number of shots: it
+    never guesses them (a call on tensors could, but a method's values are fixed when it is built)."""
+    return ConfigError(f"{method}: the number of shots is needed to choose {', '.join(names)}; build it with shots=K "
+                       f"(support examples per class) or set {', '.join(names)} (method.{method}.<key> in a config)")
+
+
+__all__ = ["MethodOptions", "OptionField", "OptionSpec", "config_fields", "option", "option_fields", "requirement",
+           "shots_needed"]

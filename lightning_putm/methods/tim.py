@@ -28,9 +28,8 @@ from typing import ClassVar
 import torch
 from tqdm.auto import tqdm
 
-from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.options import MethodOptions, option, shots_needed
 from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.tasks import TaskBatch
 
@@ -105,7 +104,8 @@ class TIMGD(FewShotMethod):
     display_name = "TIM"
     Settings = TIMSettings
 
-    def __init__(self, balanced: bool = False, settings: TIMSettings | None = None, **kwargs) -> None:
+    def __init__(self, settings: TIMSettings | None = None, *, balanced: bool = False, **kwargs) -> None:
+        """``balanced`` chooses the loss weights (``loss_weights_balanced`` or ``loss_weights_dirichlet``)."""
         super().__init__(settings, balanced=balanced, **kwargs)
         self.last_state: dict[str, torch.Tensor] = {}
 
@@ -179,7 +179,7 @@ class AlphaTIMSettings(MethodOptions):
         if self.alpha is not None:
             return self
         if shots is None:
-            raise ConfigError("alpha_tim: the number of shots is needed to choose alpha; set method.alpha_tim.alpha")
+            raise shots_needed(self.method, ["alpha"])
         return self.replace(alpha=self.alpha_one_shot if shots == 1 else self.alpha_five_shot if shots >= 5
                             else self.alpha_other)
 
@@ -192,8 +192,9 @@ class AlphaTIM(TIMGD):
 
     Settings = AlphaTIMSettings  # type: ignore[assignment]
 
-    def __init__(self, shots: int, settings: AlphaTIMSettings | None = None, **kwargs) -> None:
-        super().__init__(settings=settings, shots=shots, **kwargs)
+    def __init__(self, settings: AlphaTIMSettings | None = None, *, shots: int | None = None, **kwargs) -> None:
+        """Without ``shots``, ``alpha`` must be given (its default is chosen by shots)."""
+        super().__init__(settings, shots=shots, **kwargs)
 
     def entropies(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return tsallis_entropy(probs.mean(1), self.alpha), tsallis_entropy(probs, self.alpha).mean(1)

@@ -198,10 +198,16 @@ class UNEM(FewShotMethod):
     display_name = "UNEM"
     Settings = UNEMSettings
 
-    def __init__(self, shots: int | None = None, settings: UNEMSettings | None = None,
+    def __init__(self, settings: UNEMSettings | None = None, *, shots: int | None = None,
                  params: UNEMParams | None = None, **kwargs: Any) -> None:
-        """``params`` (learned values) overrides ``params_file`` and ``learned``."""
+        """``params`` (learned values) overrides ``params_file`` and ``learned``. ``shots`` chooses the published
+        preset's shot count (and ``{shots}`` in ``params_file``): without it, give ``params``, a ``params_file``
+        or ``learned=initial``."""
         super().__init__(settings, shots=shots, **kwargs)
+        if params is None and shots is None and not self.params_file and self.learned != "initial":
+            raise ConfigError(f"unem: the number of shots is needed to choose the published parameters of "
+                              f"learned={self.learned} (fitted at 1, 5, 10 and 20 shots); build it with shots=K "
+                              "(support examples per class), or give params_file or learned=initial")
         if params is not None:
             self.params = params.detached()
             self.params_source = "given"

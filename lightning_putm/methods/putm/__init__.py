@@ -46,9 +46,11 @@ class PUTM(ChunkedSolver):
     display_name = "PUTM"
     Settings = PUTMSettings
 
-    def __init__(self, shots: int, balanced: bool, settings: PUTMSettings | None = None, **options: Any) -> None:
+    def __init__(self, settings: PUTMSettings | None = None, *, shots: int | None = None, balanced: bool = False,
+                 **options: Any) -> None:
         """``settings`` or keyword options (``method.putm.*``; :class:`PUTMSettings` declares them), resolved for
-        ``shots`` and the protocol; also ``memory_budget_mb`` and ``show_progress``."""
+        ``shots`` (inertia) and the protocol (``balanced``: rho, theta); also ``memory_budget_mb`` and
+        ``show_progress``. Without ``shots``, ``inertia`` must be given."""
         super().__init__(settings, shots=shots, balanced=balanced, **options)
         self.settings: PUTMSettings
         self.last_state: dict[str, torch.Tensor] = {}

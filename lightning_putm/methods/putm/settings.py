@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from lightning_putm.errors import ConfigError
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.options import MethodOptions, option, shots_needed
 from lightning_putm.methods.putm.navigator import GEMM_MIN_WIDTH
 from lightning_putm.methods.putm.precision import PRECISIONS
 
@@ -78,6 +78,8 @@ class PUTMSettings(MethodOptions):
         if self.theta is None:
             changes["theta"] = 0.001 if balanced else 0.0
         if self.inertia is None:
+            if shots is None:
+                raise shots_needed(self.method, ["inertia"])
             changes["inertia"] = self.inertia_one_shot if shots == 1 else self.inertia_few_shot
         if self.solver != "autograd" and min(self.hidden, default=GEMM_MIN_WIDTH) < GEMM_MIN_WIDTH:
             raise ConfigError(f"method.putm.solver={self.solver} needs hidden widths >= {GEMM_MIN_WIDTH}, got "
