@@ -29,7 +29,7 @@ from lightning_putm.evaluation.settings import (EvaluationSettings, RUN_ROOT, ch
                                                 load_evaluate_config, settings_from_config)
 from lightning_putm.evaluation.sources import build_feature_source, check_base_features
 from lightning_putm.loggers import build_logger, console, finish_logger
-from lightning_putm.runs import run_dir
+from lightning_putm.runs import folder_locked, run_dir
 from lightning_putm.signals import signals_recorded
 
 
@@ -41,13 +41,16 @@ def build_evaluation_trainer(settings: EvaluationSettings, callback: FewShotEval
 
 
 @contextlib.contextmanager
-def output_folder(settings: EvaluationSettings) -> Iterator[Path]:
-    """The folder named by ``output_dir``, or a new run folder under ``outputs/evaluate`` (``latest`` points at it)."""
+def output_folder(settings: EvaluationSettings, log: Callable[[str], None] = print) -> Iterator[Path]:
+    """The folder named by ``output_dir``, or a new run folder under ``outputs/evaluate`` (``latest`` points at it),
+    locked for this run (:func:`~lightning_putm.runs.folder_locked`): a second run into a folder that a running
+    one holds is refused before it writes anything."""
     if settings.output_dir is not None:
         settings.output_dir.mkdir(parents=True, exist_ok=True)
-        yield settings.output_dir
+        with folder_locked(settings.output_dir, f"output_dir={settings.output_dir}", log):
+            yield settings.output_dir
         return
-    with run_dir(RUN_ROOT, settings.name) as folder:
+    with run_dir(RUN_ROOT, settings.name) as folder, folder_locked(folder, f"output_dir={folder}", log):
         yield folder
 
 
@@ -105,7 +108,7 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
         check_base_features(settings, source.features.shape[1])
     say(summary)
     auto_folder = settings.output_dir is None
-    with output_folder(settings) as folder:
+    with output_folder(settings, say) as folder:
         settings.output_dir = folder
         cfg.output_dir = str(folder)
         callback.feature_cache, callback.config_yaml = source.cache, to_yaml(cfg)

@@ -103,7 +103,7 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
     results: list[StageResult] = []
     module: S2M2Module | None = None
     trainer: pl.Trainer | None = None
-    with resolve_run_folder(settings) as folder:
+    with resolve_run_folder(settings, say) as folder:
         settings.run_folder = folder
         checked = None
         if settings.resume:  # the first stage's last.ckpt: corrupt or another model's, refused before config.yaml
