@@ -36,7 +36,8 @@ from lightning_putm.features.files import FeatureSet, check_feature_path, load_f
 from lightning_putm.methods import method_uses_base_covariance, method_uses_base_mean
 from lightning_putm.methods.bavardage import base_within_class_scatter
 from lightning_putm.models.timm_pretrained import TimmWeights, find_weights, load_timm_backbone, timm_transform
-from lightning_putm.pretraining.checkpoints import check_checkpoint_backbone, load_checkpoint_backbone
+from lightning_putm.pretraining.checkpoints import (check_checkpoint_backbone, load_checkpoint_backbone,
+                                                    missing_checkpoint_hint)
 from lightning_putm.validators import integer, mapping, positive
 
 def load_feature_source(settings: EvaluationSettings) -> FeatureSet:
@@ -174,8 +175,7 @@ def check_source_exists(settings: EvaluationSettings) -> None:
     checkpoint = settings.checkpoint
     if checkpoint is not None and settings.timm_model is None and not checkpoint.is_file():
         what = "is a folder" if checkpoint.is_dir() else "not found"
-        raise FeatureError(f"checkpoint {what}: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
-                           "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
+        raise FeatureError(f"checkpoint {what}: {checkpoint}; {missing_checkpoint_hint(checkpoint)}")
     if checkpoint is None and settings.features != "demo":
         check_feature_path(settings.features)
 
