@@ -61,7 +61,7 @@ def check_episode_settings(datamodule: FewShotDataModule, settings: TrainSetting
     for key, split, *episodes in checks:
         data = datamodule.split(split)
         try:
-            check_episodes_possible(data.labels, *episodes, data.class_names)
+            check_episodes_possible(data.labels, *episodes, data.class_names, key=f"{key}.queries")
         except (ConfigError, DataError) as exc:
             raise type(exc)(f"{key} ({split} split): {exc}") from exc
 
