@@ -33,9 +33,11 @@ from lightning_putm.runs import folder_locked, run_dir
 from lightning_putm.signals import signals_recorded
 
 
-def build_evaluation_trainer(settings: EvaluationSettings, callback: FewShotEvaluationCallback) -> Any:
-    """A Trainer for the test loop (no logger yet): ``trainer.*`` options plus what evaluation fixes itself."""
-    return build_trainer(settings.trainer, logger=False, callbacks=[callback, *extraction_bar(settings.progress)],
+def build_evaluation_trainer(settings: EvaluationSettings, callback: FewShotEvaluationCallback,
+                             log: Callable[[str], None] = print) -> Any:
+    """A Trainer for the test loop (no logger yet): ``trainer.*`` options plus what evaluation fixes itself
+    (``log``: where the extraction's progress lines go when no bar is drawn)."""
+    return build_trainer(settings.trainer, logger=False, callbacks=[callback, *extraction_bar(settings.progress, log)],
                          enable_checkpointing=False, inference_mode=False, enable_progress_bar=settings.progress,
                          enable_model_summary=False, default_root_dir=str(settings.output_dir or RUN_ROOT))
 
@@ -98,7 +100,7 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
         logging.getLogger(name).setLevel(logging.WARNING)  # "GPU available: ..." banners
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)  # Lightning internals
     callback = FewShotEvaluationCallback(settings, plots=settings.plots, plot_task=settings.plot_task, log=say)
-    trainer = build_evaluation_trainer(settings, callback)  # bad trainer.* options fail here, before any output
+    trainer = build_evaluation_trainer(settings, callback, say)  # bad trainer.* options fail here, before any output
     source = build_feature_source(cfg, settings, say)  # checks files and the checkpoint
     # a split with too few classes or images, or features a method refuses: errors before any output
     check_episodes_possible(source.labels, settings.ways, settings.shots, settings.queries, settings.alphas,
