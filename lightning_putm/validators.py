@@ -47,6 +47,51 @@ def alternatives(names: list[str]) -> str:
     return " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
 
 
+def near_paths(missing: str | Path, limit: int = 3) -> list[Path]:
+    """Existing files whose path is one misspelling per part away from ``missing`` (``…/s2m2r/bets.ckpt`` →
+    ``…/s2m2r/best.ckpt``; ``…/latst/s2m2r/best.ckpt`` → ``…/latest/s2m2r/best.ckpt``), best first.
+
+    The search starts in the deepest folder of ``missing`` that exists and follows each missing part by its close
+    matches among that folder's entries (:func:`close_matches`), so it reads a handful of folders, never a tree.
+    """
+    target = Path(missing).expanduser()
+    folder, rest = target.parent, [target.name]
+    while not folder.is_dir() and folder != folder.parent:
+        folder, rest = folder.parent, [folder.name, *rest]
+    if not folder.is_dir() or not target.name:
+        return []
+    candidates = [folder]
+    for index, name in enumerate(rest):
+        last = index == len(rest) - 1
+        found: list[Path] = []
+        for base in candidates:
+            try:
+                entries = sorted(p.name for p in base.iterdir() if (p.is_file() if last else p.is_dir()))
+            except OSError:
+                continue
+            found += [base / match for match in ([name] if name in entries else close_matches(name, entries, limit))]
+        candidates = found[:limit]
+    return candidates
+
+
+def path_hint(missing: str | Path) -> str:
+    """``"did you mean …/best.ckpt? "`` for a file that does not exist (:func:`near_paths`); else, when its folder
+    exists, the files there with its suffix (``"its folder holds best.ckpt, last.ckpt; "``); else ``""``."""
+    found = near_paths(missing)
+    if found:
+        return f"did you mean {alternatives([str(p) for p in found])}? "
+    target = Path(missing).expanduser()
+    try:
+        siblings = sorted(p.name for p in target.parent.iterdir() if p.is_file() and p.suffix == target.suffix
+                          and not p.name.startswith("."))
+    except OSError:
+        return ""
+    if not siblings:
+        return ""
+    more = f" and {len(siblings) - 5} more" if len(siblings) > 5 else ""
+    return f"its folder holds {', '.join(siblings[:5])}{more}; "
+
+
 def choice(value: Any, key: str, options: Iterable[str]) -> str:
     """One of a fixed set of names (``split=tset`` → "did you mean test?")."""
     names = list(options)

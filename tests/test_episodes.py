@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
 
-from lightning_putm.data.episodes import dirichlet_query_counts, round_counts_to_total, sample_episode_bank
+from lightning_putm.data.episodes import (TooManyQueries, check_episodes_possible, dirichlet_query_counts,
+                                         round_counts_to_total, sample_episode_bank)
 from lightning_putm.errors import ConfigError, DataError
 
 
@@ -153,3 +156,35 @@ def test_imbalance_statistics():
     assert torch.allclose(stats["normalised_entropy"], torch.ones(5, dtype=torch.double))
     skewed = sample_episode_bank(labels, ways=5, shots=1, queries=75, alpha=0.5, tasks=50, seed=0).imbalance()
     assert (skewed["normalised_entropy"] < 1).all()
+
+
+@pytest.mark.parametrize("alphas", [[0.5, 2.0], [0.5, 2.0, None]])
+def test_too_many_queries_error_proposes_a_count_every_task_of_the_run_draws_with(alphas):
+    """20 classes of 20 images, 5-shot, 75 queries: Dirichlet tasks cannot be drawn; the error proposes a
+    ``queries`` value, and with it every one of the run's 300 tasks of each (shot, α) draws (a multiple of the
+    ways when balanced tasks are asked for too). Kills: a count that only the one-task check draws (the run fails
+    a few tasks later), a count balanced tasks refuse, a proposal no larger than the trivial
+    ``min(size) - shots`` (15: the answer must use the redraws' room), no proposal at all."""
+    labels = labels_with_sizes([20] * 20)
+    with pytest.raises(TooManyQueries, match=r"Lower `queries` \(now 75\)") as caught:
+        check_episodes_possible(labels, 5, [1, 5], 75, alphas, 300, 0)
+    proposed = int(re.search(r"; queries=(\d+) works with these shots and alphas$", str(caught.value)).group(1))
+    assert 15 < proposed < 75
+    if None in alphas:
+        assert proposed % 5 == 0
+    for shots in (1, 5):
+        for alpha in alphas:
+            assert len(sample_episode_bank(labels, 5, shots, proposed, alpha, 300, 0)) == 300
+    check_episodes_possible(labels, 5, [1, 5], proposed, alphas, 300, 0)  # and the check passes
+
+
+def test_no_queries_are_proposed_where_fewer_queries_cannot_help_and_the_key_is_named():
+    """A class smaller than the shots: no ``queries`` value helps, so none is proposed; a training setting names
+    its own key. Kills: proposing a count that cannot work; the generic key where the user must set
+    ``val_episodes.queries``."""
+    labels = labels_with_sizes([20] * 19 + [4])
+    with pytest.raises(DataError) as caught:
+        check_episodes_possible(labels, 5, [5], 75, [2.0], 10, 0)
+    assert "works with" not in str(caught.value)
+    with pytest.raises(TooManyQueries, match=r"; val_episodes\.queries=\d+ works with these shots and alphas$"):
+        check_episodes_possible(labels_with_sizes([20] * 20), 5, [5], 75, [2.0], 10, 0, key="val_episodes.queries")

@@ -12,7 +12,8 @@ import pytest
 
 from lightning_putm.evaluation.plot_style import legend_labels
 from lightning_putm.studies.summary import BASELINE_COLUMN, StudyRow, with_intervals
-from lightning_putm.studies.summary_report import BASELINE_GID, METRIC_GID, RANGE_GID, study_figure, write_study_summary
+from lightning_putm.studies.summary_report import (BASELINE_GID, BEST_GID, METHOD_GID, METRIC_GID, RANGE_GID,
+                                                   study_figure, write_study_summary)
 
 MEAN = {"method": "putm", "shots": None, "alpha": None, "gainer": None, "other": None}
 ONE_SETTING = {**MEAN, "shots": "1", "alpha": "2"}
@@ -220,3 +221,91 @@ def test_a_study_writes_cis_from_its_runs_per_task_files(tmp_path: Path, single_
         assert float(record["fewshot/putm/acc_ci95"]) == pytest.approx(expected, abs=1e-3)
         assert record[BASELINE_COLUMN] != "" and record["tasks"] == "4"
     assert "SimpleShot (± 95% CI)" in (folder / "summary.md").read_text()
+
+
+# ------------------------------------------------------------------------------------- sweeps over test conditions
+
+
+def alpha_run(folder: Path, alpha: str, point: dict, putm: list[float], parts=MEAN) -> StudyRow:
+    """A run of one α with PUTM, SimpleShot and PT-MAP (4 tasks each; PT-MAP 10 points below PUTM)."""
+    tasks = {("putm", alpha): putm, ("simpleshot", alpha): [v - 5 for v in putm],
+             ("ptmap", alpha): [v - 10 for v in putm]}
+    return row(folder, point, sum(putm) / len(putm), tasks=tasks, parts=parts)
+
+
+def test_a_sweep_over_alpha_keeps_its_order_stars_nothing_and_names_the_axis_in_words(tmp_path: Path) -> None:
+    """A study over α (a test condition): the table keeps the sweep's order (here 2, 0.5, balanced: neither by
+    accuracy nor numeric), no run is starred or called best, the axis says "Dirichlet α".
+    Kills: the table sorted by accuracy; a "best run" of a test condition; the axis labelled ``alphas``."""
+    rows = [alpha_run(tmp_path / "runs" / a, a, {"alphas": a}, values) for a, values in
+            (("2", [60, 70, 80, 50]), ("0.5", [40, 50, 60, 50]), ("balanced", [70, 90, 80, 60]))]
+    write_study_summary(rows, "fewshot/putm/acc", "maximize", ["alphas"], tmp_path, "alpha", MEAN)
+    text = (tmp_path / "summary.md").read_text()
+    assert text.index("| 2 |") < text.index("| 0.5 |") < text.index("| balanced |")
+    assert "Dirichlet α is a test condition" in text and "no run is marked best" in text
+    figure = study_figure(rows, "fewshot/putm/acc", "maximize", ["alphas"], "alpha", MEAN)
+    assert not [a for a in drawn(figure) if a.get_gid() == BEST_GID]
+    assert not any("best" in label for label in legend_labels(figure))
+    assert [ax.get_xlabel() for ax in figure.get_axes()] == ["Dirichlet α"]
+
+
+def test_every_method_that_ran_is_in_the_table_and_the_figure(tmp_path: Path) -> None:
+    """The runs evaluated PUTM, SimpleShot and PT-MAP: the table has PT-MAP's column (its mean ± CI) and the
+    figure draws PT-MAP with its CI bars, named in the legend. Kills: a summary of PUTM and SimpleShot only."""
+    rows = [alpha_run(tmp_path / "runs" / a, a, {"alphas": a}, values) for a, values in
+            (("2", [60, 70, 80, 50]), ("balanced", [70, 90, 80, 60]))]
+    write_study_summary(rows, "fewshot/putm/acc", "maximize", ["alphas"], tmp_path, "alpha", MEAN)
+    text = (tmp_path / "summary.md").read_text()
+    assert f"| 2 | 65.00 ± {hand_ci(500):.2f} | 60.00 ± {hand_ci(500):.2f} | 55.00 ± {hand_ci(500):.2f} |" in text
+    assert "PT-MAP (± 95% CI)" in text.splitlines()[4]  # the table's header
+    figure = study_figure(rows, "fewshot/putm/acc", "maximize", ["alphas"], "alpha", MEAN)
+    (ptmap,) = [c for ax in figure.get_axes() for c in ax.containers if c.lines[0].get_gid() == f"{METHOD_GID}-ptmap"]
+    assert ptmap.has_yerr and list(ptmap.lines[0].get_ydata()) == pytest.approx([55.0, 65.0])
+    assert sorted(legend_labels(figure)) == sorted(drawn_labels(figure)) == sorted(
+        ["PUTM ± 95% CI", "SimpleShot ± 95% CI", "PT-MAP ± 95% CI"])
+    assert figure.get_axes()[0].get_ylabel() == "accuracy (%)"  # several methods: not "PUTM accuracy"
+
+
+def test_with_a_hyper_parameter_and_a_condition_swept_the_star_marks_the_best_mean_over_the_conditions(
+        tmp_path: Path) -> None:
+    """rho × α: rho=0.5 has the best single run (80 at α=2) but the worse mean over α (65 against 70). The star
+    marks rho=1.0 at 70 on the rho panel only, and the note names it.
+    Kills: the best single run starred (a best α in disguise); a star on the α panel."""
+    points = [({"method.putm.rho": rho, "alphas": a}, values) for rho, a, values in
+              ((0.5, "2", [80] * 4), (0.5, "balanced", [50] * 4), (1.0, "2", [70] * 4), (1.0, "balanced", [70] * 4))]
+    rows = [alpha_run(tmp_path / "runs" / f"{p['method.putm.rho']}-{p['alphas']}", p["alphas"], p, v)
+            for p, v in points]
+    swept = ["method.putm.rho", "alphas"]
+    figure = study_figure(rows, "fewshot/putm/acc", "maximize", swept, "mixed", MEAN)
+    rho_axis, alpha_axis = figure.get_axes()
+    (star,) = [a for a in rho_axis.lines if a.get_gid() == BEST_GID]
+    assert list(star.get_xdata()) == [1] and list(star.get_ydata()) == [70.0]  # x index 1: rho = 1.0
+    assert not [a for a in alpha_axis.lines if a.get_gid() == BEST_GID]
+    assert [rho_axis.get_xlabel(), alpha_axis.get_xlabel()] == ["PUTM rho", "Dirichlet α"]
+    assert "best setting (mean over Dirichlet α)" in legend_labels(figure)
+    write_study_summary(rows, "fewshot/putm/acc", "maximize", swept, tmp_path, "mixed", MEAN)
+    assert "the best PUTM rho = 1.0 (70.00, mean over the Dirichlet α swept)" in (tmp_path / "summary.md").read_text()
+
+
+def test_a_grid_studys_rows_come_in_the_sweeps_order_whatever_order_they_finished_in(tmp_path: Path) -> None:
+    """Points finished in reverse order (as several processes may finish them): ``Study.rows()`` gives them in
+    the file's order, which the summary of a test-condition sweep keeps. Kills: rows in finishing order."""
+    import yaml
+    from types import SimpleNamespace
+
+    from lightning_putm.studies.study import Study
+    from lightning_putm.studies.sweep import read_sweep
+
+    spec = {"program": "evaluate.py", "name": "order", "method": "grid",
+            "metric": {"name": "fewshot/putm/acc", "goal": "maximize"},
+            "parameters": {"alphas": {"values": [2, 0.5, "balanced"]}, "shots": {"value": 1},
+                           "methods": {"value": "[putm]"}, "logger": {"value": "none"}}}
+    (tmp_path / "order.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    sweep = read_sweep(tmp_path / "order.yaml")
+    study = Study(sweep, tmp_path / "study", log=lambda _: None)
+    summary = SimpleNamespace(method="putm", shots=1, alpha_label="2", accuracy=50.0, ci95=1.0)
+    objective = study.objective(lambda args: [SimpleNamespace(summary=lambda: summary)])
+    for point in reversed(sweep.points()):
+        study.study.enqueue_trial({k: Study._grid_value(v) for k, v in point.items()})
+        study.study.optimize(objective, n_trials=1, catch=())
+    assert [r.key for r in study.rows()] == [sweep.key(p) for p in sweep.points()]

@@ -25,6 +25,11 @@ from lightning_putm.tasks import TaskBatch
 MAX_REDRAWS = 1000
 
 
+class TooManyQueries(DataError):
+    """Tasks that cannot be drawn with this many queries, but could with fewer (the class sizes allow it):
+    :func:`check_episodes_possible` completes the message with a ``queries`` value that works."""
+
+
 def round_counts_to_total(expected: np.ndarray, total: int) -> np.ndarray:
     """Round expected counts ``p·Q`` to integers summing exactly to ``total``.
 
@@ -143,7 +148,7 @@ def sample_episode_bank(
     too_small = [c for c in present if sizes[c] < shots + (0 if alpha is not None else queries // ways)]
     if alpha is None and too_small:
         c = too_small[0]
-        raise DataError(
+        raise (TooManyQueries if sizes[c] > shots else DataError)(
             f"{name(c)} has {sizes[c]} images but balanced tasks need shots + queries/ways = "
             f"{shots} + {queries // ways} = {shots + queries // ways}; lower `shots` or `queries`"
         )
@@ -159,7 +164,7 @@ def sample_episode_bank(
     if ways * shots + queries > available:  # no task can exist: fail now, before allocating [tasks, queries] arrays
         _draw_counts(rng, rng.choice(present, size=ways, replace=False), sizes, ways, shots, queries, alpha,
                      max_redraws, name)  # raises the usual error naming a class
-        raise DataError(f"a task needs ways*shots + queries = {ways * shots + queries} distinct images but the split "
+        raise TooManyQueries(f"a task needs ways*shots + queries = {ways * shots + queries} distinct images but the split "
                         f"has only {available}; lower `shots` or `queries`")
     class_ids, support, query, query_labels, counts_all = _bank_arrays(tasks, ways, shots, queries)
     for t in range(tasks):
@@ -196,15 +201,70 @@ def sample_episode_bank(
 
 def check_episodes_possible(labels: torch.Tensor, ways: int, shots: Iterable[int], queries: int,
                             alphas: Iterable[float | None], tasks: int, seed: int,
-                            class_names: list[str] | None = None) -> None:
+                            class_names: list[str] | None = None, key: str = "queries") -> None:
     """Raise the :class:`DataError` (or :class:`ConfigError`) that :func:`sample_episode_bank` would raise for any
     (shots, α) pair, before a job creates its run folder: a split with too few classes or images, or more tasks
     than memory holds, is a user's mistake, found at once instead of after the first settings ran. One task per
-    pair is drawn (a later task can still need more redraws than allowed, as rarely as that happens at all)."""
+    pair is drawn (a later task can still need more redraws than allowed, as rarely as that happens at all).
+    When fewer queries would do, the error proposes the largest that does (:func:`workable_queries`), as
+    ``<key>=<value>``."""
+    shots, alphas = list(shots), list(alphas)
     for shot in shots:
         for alpha in alphas:
-            sample_episode_bank(labels, ways, shot, queries, alpha, 1, seed, class_names=class_names)
+            try:
+                sample_episode_bank(labels, ways, shot, queries, alpha, 1, seed, class_names=class_names)
+            except TooManyQueries as exc:
+                fewer = workable_queries(labels, ways, shots, queries, alphas, tasks, seed)
+                if fewer is None:
+                    raise
+                raise TooManyQueries(f"{exc}; {key}={fewer} works with these shots and alphas") from None
         _bank_arrays(tasks, ways, shot, queries)
+
+
+def workable_queries(labels: torch.Tensor, ways: int, shots: list[int], queries: int, alphas: list[float | None],
+                     tasks: int, seed: int, draws: int = 2000) -> int | None:
+    """The largest query count below ``queries`` with which all ``tasks`` tasks of every (shot, α) pair can be
+    drawn, or ``None`` when no count helps (a class smaller than the shots).
+
+    A Dirichlet task redraws its proportions until the chosen classes hold them (at most :data:`MAX_REDRAWS`
+    times), so ``q`` queries work when a draw fits often enough that no task of the bank runs out of redraws:
+    a fit rate ``p`` with ``tasks · (1 - p)^MAX_REDRAWS`` below 1/1000, taken twice for safety. The rate is
+    estimated from ``draws`` proportion vectors and class choices per pair (drawn once, seeded): a draw fits
+    every ``q`` up to ``min_k (size_k - shots) / p_k`` (counts rounded up, so the estimate errs low), which makes
+    the answer a quantile, with no bank drawn. Balanced pairs need a multiple of ``ways`` that every class holds.
+    ``min(class size) - max(shots)`` always works (no class can be asked for more queries than the task has).
+    The value is then checked the way :func:`check_episodes_possible` checks (one task per pair).
+    """
+    sizes = np.bincount(torch.as_tensor(labels).cpu().numpy().astype(np.int64))
+    sizes = sizes[sizes > 0]
+    step = ways if any(alpha is None for alpha in alphas) else 1
+    safe = (int(sizes.min()) - max(shots)) // step * step  # always draws
+    if safe < max(step, 1) or len(sizes) < ways:
+        return None
+    rate = 2 * (1 - (1e-3 / max(1, tasks)) ** (1 / MAX_REDRAWS))  # the fit rate asked for
+    rng = np.random.default_rng(seed)
+    best = queries - 1
+    for shot in shots:
+        for alpha in alphas:
+            room = sizes - shot  # query images each class can give
+            if alpha is None:
+                best = min(best, ways * int(room.min()))
+                continue
+            chosen = np.argpartition(rng.random((draws, len(sizes))), ways - 1, axis=1)[:, :ways]
+            proportions = rng.dirichlet(np.full(ways, float(alpha)), size=draws)
+            with np.errstate(divide="ignore"):
+                fitting = np.min(np.where(proportions > 0, room[chosen] / proportions, np.inf), axis=1)
+            best = min(best, int(np.floor(np.quantile(fitting, 1 - rate))))
+    found = max(safe, best // step * step)
+    while found > safe:
+        try:
+            for shot in shots:
+                for alpha in alphas:
+                    sample_episode_bank(labels, ways, shot, found, alpha, 1, seed)
+            break
+        except (DataError, ConfigError):
+            found -= step
+    return found if found < queries else None
 
 
 def _bank_arrays(tasks: int, ways: int, shots: int, queries: int) -> tuple[np.ndarray, ...]:
@@ -228,7 +288,7 @@ def _draw_counts(rng, chosen, sizes, ways, shots, queries, alpha, max_redraws, n
             return counts
     short = int(np.argmax(shots + counts - sizes[chosen]))
     c = chosen[short]
-    raise DataError(
+    raise TooManyQueries(
         f"after {max_redraws} Dirichlet redraws, {name(c)} has {sizes[c]} images but the task asks for "
         f"shots + queries = {shots} + {counts[short]} = {shots + counts[short]}. "
         f"Lower `queries` (now {queries}) or `shots`, raise alpha, or use a split with more images per class"

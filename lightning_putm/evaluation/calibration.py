@@ -7,7 +7,9 @@ on them and fits the temperature, for ``evaluate.py predict`` and ``benchmarks/c
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -23,6 +25,8 @@ from lightning_putm.tasks import TaskBatch
 #: Dirichlet concentration of the calibration tasks: the imbalanced protocol's default, since a user's query
 #: proportions are unknown.
 CALIBRATION_ALPHA = 2.0
+#: Tasks solved per call of the method while fitting (a batch: much cheaper per task than one at a time).
+CALIBRATION_CHUNK = 25
 
 
 @dataclass(frozen=True)
@@ -62,27 +66,46 @@ def draw_calibration_tasks(feature_set: FeatureSet, ways: int, shots: int, queri
             count = max(ways, count // 2)
 
 
-def predict_in_chunks(method: FewShotMethod, batch: TaskBatch, chunk: int = 25, progress: bool = False,
-                      description: str = "calibration tasks") -> torch.Tensor:
-    """``method.predict`` over ``batch`` in chunks of ``chunk`` tasks, with a progress bar on a terminal.
+def predict_in_chunks(method: FewShotMethod, batch: TaskBatch, chunk: int = CALIBRATION_CHUNK,
+                      progress: bool = False, description: str = "calibration tasks",
+                      log: Callable[[str], None] | None = None) -> torch.Tensor:
+    """``method.predict`` over ``batch`` in chunks of ``chunk`` tasks, with a progress bar on a terminal. With
+    ``progress`` and ``log``: after the first of several chunks, one line with the time all will take (at the
+    first's pace), and where no bar is drawn a progress line every so often
+    (:class:`~lightning_putm.evaluation.progress.ProgressLines`).
 
     Every task is solved on its own (the method interface's contract), so chunking never changes a result.
     """
+    from lightning_putm.evaluation.progress import ProgressLines, format_duration, on_terminal  # (imports Lightning)
+
+    said = progress and log is not None
+    lines = ProgressLines(description, batch.num_tasks, log, unit="tasks") if said and not on_terminal() else None
     parts = []
+    started = time.perf_counter()
     with tqdm(total=batch.num_tasks, desc=description, unit="task", disable=None if progress else True,
               leave=False) as bar:
         for start in range(0, batch.num_tasks, chunk):
             part = batch.slice(start, min(start + chunk, batch.num_tasks))
             parts.append(method.predict(part).detach().double().cpu())
             bar.update(part.num_tasks)
+            if said and start == 0 and part.num_tasks < batch.num_tasks:
+                took = time.perf_counter() - started
+                log(f"{description}: the first {part.num_tasks} of {batch.num_tasks} in {format_duration(took)}: "
+                    f"about {format_duration(took * batch.num_tasks / part.num_tasks)} in all")
+            if lines is not None:
+                lines.update(part.num_tasks)
+    if lines is not None:
+        lines.close()
     return torch.cat(parts)
 
 
 def fit_calibration(method: FewShotMethod, feature_set: FeatureSet, ways: int, shots: int, queries: int,
-                    tasks: int, seed: int, device: torch.device | str = "cpu", progress: bool = False) -> Calibration:
-    """Run ``method`` on ``tasks`` labelled validation tasks and fit its temperature on their queries."""
+                    tasks: int, seed: int, device: torch.device | str = "cpu", progress: bool = False,
+                    log: Callable[[str], None] | None = None) -> Calibration:
+    """Run ``method`` on ``tasks`` labelled validation tasks and fit its temperature on their queries (``progress``:
+    a bar on a terminal, lines through ``log`` elsewhere)."""
     drawn, count = draw_calibration_tasks(feature_set, ways, shots, queries, tasks, seed)
-    probabilities = predict_in_chunks(method, drawn.batch.to(device), progress=progress)
+    probabilities = predict_in_chunks(method, drawn.batch.to(device), progress=progress, log=log)
     labels = drawn.query_labels.cpu()
     temperature = fit_temperature(probabilities, labels)
     accuracy = 100.0 * float((probabilities.argmax(-1) == labels).double().mean())

@@ -3,7 +3,8 @@
 A progress bar redraws one line with carriage returns. Written into a pipe or a log file (``| tee``, a cluster's
 job log) it leaves fragments mixed with the results table, so bars are drawn only when stderr (where they go) is
 a terminal; elsewhere each finished unit of work (a setting, a study run) is one plain line with the elapsed
-time and an estimate of the time left.
+time and an estimate of the time left, and a long count (images extracted) gets a line every
+:data:`LINE_SECONDS` (:class:`ProgressLines`), so a log file never goes silent for minutes.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from typing import Any, Callable, TextIO
 
 from pytorch_lightning.callbacks import TQDMProgressBar
 from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm, convert_inf
+
+
+#: Seconds between two plain progress lines of a long count where no bar is drawn (a log file, a pipe).
+LINE_SECONDS = 30.0
 
 
 def on_terminal(stream: TextIO | None = None) -> bool:
@@ -112,6 +117,43 @@ class Eta:
         return f"elapsed {format_duration(self.elapsed)}, ETA " + ("unknown" if left is None else format_duration(left))
 
 
+class ProgressLines:
+    """A bar's information as plain lines, for a count that takes minutes where no bar is drawn: every
+    ``every_seconds`` (default :data:`LINE_SECONDS`) one line ``extracting features: 4096/13760 images (30%),
+    160 images/s, elapsed 0:26, ETA 1:00``, and when the count ends a last line, if any line was printed (a count
+    done within the interval prints nothing: its start and end lines around it say enough)."""
+
+    def __init__(self, what: str, total: int | None, log: Callable[[str], None] = print, unit: str = "images",
+                 every_seconds: float | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.what, self.total, self.log, self.unit, self.clock = what, total, log, unit, clock
+        self.every = LINE_SECONDS if every_seconds is None else every_seconds
+        self.started = self.last = clock()
+        self.done, self.lines = 0, 0
+
+    def update(self, count: int) -> None:
+        self.done += count
+        now = self.clock()
+        if now - self.last >= self.every and (self.total is None or self.done < self.total):
+            self.last = now
+            self._line(now)
+
+    def close(self) -> None:
+        """The closing line (once), when the count printed lines on the way."""
+        if self.lines:
+            elapsed = self.clock() - self.started
+            rate = f" ({self.done / elapsed:.0f} {self.unit}/s)" if elapsed > 0 else ""
+            self.log(f"{self.what}: {self.done} {self.unit} done in {format_duration(elapsed)}{rate}")
+            self.lines = 0
+
+    def _line(self, now: float) -> None:
+        elapsed = now - self.started
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        of = f"/{self.total} {self.unit} ({100 * self.done / self.total:.0f}%)" if self.total else f" {self.unit}"
+        left = (f", ETA {format_duration((self.total - self.done) / rate)}" if self.total and rate > 0 else "")
+        self.log(f"{self.what}: {self.done}{of}, {rate:.0f} {self.unit}/s, elapsed {format_duration(elapsed)}{left}")
+        self.lines += 1
+
+
 class ExtractionBar(TQDMProgressBar):
     """Lightning's test-loop bar, kept only where it means something: the batches of a feature extraction.
 
@@ -123,6 +165,11 @@ class ExtractionBar(TQDMProgressBar):
 
     _images = 0  # rows extracted so far in this loop, and when it started: the bar shows images/s
     _started = 0.0
+    _lines: ProgressLines | None = None  # where no bar is drawn (a log file): a line every LINE_SECONDS
+
+    def __init__(self, log: Callable[[str], None] = print) -> None:
+        super().__init__()
+        self._say = log
 
     def init_test_tqdm(self) -> Tqdm:
         batches = sum(2 if n == float("inf") else int(n) for n in self.trainer.num_test_batches)
@@ -136,10 +183,21 @@ class ExtractionBar(TQDMProgressBar):
             self.test_progress_bar.reset(total=convert_inf(self.total_test_batches_current_dataloader))
         if batch_idx == 0:
             self._images, self._started = 0, time.perf_counter()
+            self._lines = None
+            if self.test_progress_bar.disable and not self.is_disabled and not on_terminal():
+                batches = convert_inf(self.total_test_batches_current_dataloader)
+                loaders = trainer.test_dataloaders
+                loader = loaders[dataloader_idx] if isinstance(loaders, (list, tuple)) else loaders
+                dataset = getattr(loader, "dataset", None)
+                total = len(dataset) if hasattr(dataset, "__len__") else None
+                if batches is not None and batches > 1:  # a feature file is replayed as one batch: nothing to show
+                    self._lines = ProgressLines("extracting features", total, self._say)
 
     def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
                           dataloader_idx: int = 0) -> None:
         self._images += images_in(batch)
+        if self._lines is not None:
+            self._lines.update(images_in(batch))
         elapsed = time.perf_counter() - self._started
         if elapsed > 0 and not self.test_progress_bar.disable:  # the backbone's throughput, data loading included
             self.test_progress_bar.set_postfix_str(f"{self._images / elapsed:.0f} images/s", refresh=False)
@@ -147,6 +205,8 @@ class ExtractionBar(TQDMProgressBar):
         total = self.test_progress_bar.total
         if total is not None and batch_idx + 1 >= total:
             self.test_progress_bar.close()  # cleared (leave=False) before the evaluation prints anything
+            if self._lines is not None:
+                self._lines.close()
 
 
 def images_in(batch: Any) -> int:
@@ -155,6 +215,7 @@ def images_in(batch: Any) -> int:
     return int(first.shape[0]) if hasattr(first, "shape") and len(first.shape) else 0
 
 
-def extraction_bar(progress: bool) -> list[ExtractionBar]:
-    """The callbacks to give a Trainer whose ``enable_progress_bar=progress``: the bar above, or none."""
-    return [ExtractionBar()] if progress else []
+def extraction_bar(progress: bool, log: Callable[[str], None] = print) -> list[ExtractionBar]:
+    """The callbacks to give a Trainer whose ``enable_progress_bar=progress``: the bar above (plain lines through
+    ``log`` where no bar is drawn), or none."""
+    return [ExtractionBar(log)] if progress else []

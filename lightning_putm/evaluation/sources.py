@@ -36,7 +36,8 @@ from lightning_putm.features.files import FeatureSet, check_feature_path, load_f
 from lightning_putm.methods import method_uses_base_covariance, method_uses_base_mean
 from lightning_putm.methods.bavardage import base_within_class_scatter
 from lightning_putm.models.timm_pretrained import TimmWeights, find_weights, load_timm_backbone, timm_transform
-from lightning_putm.pretraining.checkpoints import check_checkpoint_backbone, load_checkpoint_backbone
+from lightning_putm.pretraining.checkpoints import (check_checkpoint_backbone, load_checkpoint_backbone,
+                                                    missing_checkpoint_hint)
 from lightning_putm.validators import integer, mapping, positive
 
 def load_feature_source(settings: EvaluationSettings) -> FeatureSet:
@@ -174,8 +175,7 @@ def check_source_exists(settings: EvaluationSettings) -> None:
     checkpoint = settings.checkpoint
     if checkpoint is not None and settings.timm_model is None and not checkpoint.is_file():
         what = "is a folder" if checkpoint.is_dir() else "not found"
-        raise FeatureError(f"checkpoint {what}: {checkpoint}; pass checkpoint=PATH to a .ckpt written by "
-                           "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
+        raise FeatureError(f"checkpoint {what}: {checkpoint}; {missing_checkpoint_hint(checkpoint)}")
     if checkpoint is None and settings.features != "demo":
         check_feature_path(settings.features)
 
@@ -324,7 +324,7 @@ def base_split_features(data: DictConfig, extraction: Extraction, split: str, ch
         backbone, _ = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
                                                expected_backbone=extraction.backbone)
     log(f"{purpose}: extracting the {split} split of {data.name} ({len(images)} images)" + (f" {use}" if use else ""))
-    feature_set = extract_split(BackboneFeatures(backbone), datamodule, split, extraction)
+    feature_set = extract_split(BackboneFeatures(backbone), datamodule, split, extraction, log)
     feature_set.metadata.update(source=f"{extraction.source()} on {data.name}/{split}", checkpoint=str(checkpoint),
                                 checkpoint_sha256=key.checkpoint_sha256)
     feature_set.check_finite(f"base features of {data.name}/{split} from {extraction.source()}")
@@ -337,12 +337,13 @@ def _data_mapping(data: DictConfig, key: str) -> dict[str, Any] | None:
 
 
 def extract_split(module: BackboneFeatures, datamodule: FewShotDataModule, split: str,
-                  settings: Extraction) -> FeatureSet:
-    """Features of ``split`` (the test loop of ``datamodule``) through ``module``, on one device."""
+                  settings: Extraction, log: Callable[[str], None] = print) -> FeatureSet:
+    """Features of ``split`` (the test loop of ``datamodule``) through ``module``, on one device (``log``: the
+    progress lines where no bar is drawn)."""
     collector = FeatureCollector(split)
     options = {k: v for k, v in settings.trainer.items() if k in ("accelerator", "precision")}
     trainer = build_trainer(options, devices=1, logger=False, enable_checkpointing=False,
-                            callbacks=[collector, *extraction_bar(settings.progress)],
+                            callbacks=[collector, *extraction_bar(settings.progress, log)],
                             enable_progress_bar=settings.progress, enable_model_summary=False,
                             default_root_dir=str(settings.output_dir))
     trainer.test(module, datamodule=datamodule, verbose=False)

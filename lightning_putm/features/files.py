@@ -25,6 +25,7 @@ import torch
 
 from lightning_putm.atomic import atomic_torch_save
 from lightning_putm.errors import FeatureError
+from lightning_putm.validators import path_hint
 
 FORMAT_NAME = "lightning-putm-features"
 FORMAT_VERSION = 1
@@ -133,7 +134,7 @@ def check_feature_path(path: str | os.PathLike, setting: str = "features=") -> P
     ``setting`` is how the user gave it (``features=``, ``base_features=``, ``--features``), for the message."""
     path = Path(path)
     if not path.exists():
-        raise FeatureError(f"feature file not found: {path}; check the `{setting}` path")
+        raise FeatureError(f"feature file not found: {path}; {path_hint(path)}check the `{setting}` path")
     if not path.is_file():
         raise FeatureError(f"{path} is not a regular file (a folder or a device); check the `{setting}` path")
     return path

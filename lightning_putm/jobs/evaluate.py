@@ -30,25 +30,30 @@ from lightning_putm.evaluation.settings import (EvaluationSettings, RUN_ROOT, ch
                                                 checkpoint_run_name, load_evaluate_config, settings_from_config)
 from lightning_putm.evaluation.sources import build_feature_source, check_base_features
 from lightning_putm.loggers import WANDB_RUN_FILE, build_logger, console, finish_logger
-from lightning_putm.runs import run_dir
+from lightning_putm.runs import folder_locked, run_dir
 from lightning_putm.signals import signals_recorded
 
 
-def build_evaluation_trainer(settings: EvaluationSettings, callback: FewShotEvaluationCallback) -> Any:
-    """A Trainer for the test loop (no logger yet): ``trainer.*`` options plus what evaluation fixes itself."""
-    return build_trainer(settings.trainer, logger=False, callbacks=[callback, *extraction_bar(settings.progress)],
+def build_evaluation_trainer(settings: EvaluationSettings, callback: FewShotEvaluationCallback,
+                             log: Callable[[str], None] = print) -> Any:
+    """A Trainer for the test loop (no logger yet): ``trainer.*`` options plus what evaluation fixes itself
+    (``log``: where the extraction's progress lines go when no bar is drawn)."""
+    return build_trainer(settings.trainer, logger=False, callbacks=[callback, *extraction_bar(settings.progress, log)],
                          enable_checkpointing=False, inference_mode=False, enable_progress_bar=settings.progress,
                          enable_model_summary=False, default_root_dir=str(settings.output_dir or RUN_ROOT))
 
 
 @contextlib.contextmanager
-def output_folder(settings: EvaluationSettings) -> Iterator[Path]:
-    """The folder named by ``output_dir``, or a new run folder under ``outputs/evaluate`` (``latest`` points at it)."""
+def output_folder(settings: EvaluationSettings, log: Callable[[str], None] = print) -> Iterator[Path]:
+    """The folder named by ``output_dir``, or a new run folder under ``outputs/evaluate`` (``latest`` points at it),
+    locked for this run (:func:`~lightning_putm.runs.folder_locked`): a second run into a folder that a running
+    one holds is refused before it writes anything."""
     if settings.output_dir is not None:
         settings.output_dir.mkdir(parents=True, exist_ok=True)
-        yield settings.output_dir
+        with folder_locked(settings.output_dir, f"output_dir={settings.output_dir}", log):
+            yield settings.output_dir
         return
-    with run_dir(RUN_ROOT, settings.name) as folder:
+    with run_dir(RUN_ROOT, settings.name) as folder, folder_locked(folder, f"output_dir={folder}", log):
         yield folder
 
 
@@ -96,7 +101,7 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
         logging.getLogger(name).setLevel(logging.WARNING)  # "GPU available: ..." banners
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)  # Lightning internals
     callback = FewShotEvaluationCallback(settings, plots=settings.plots, plot_task=settings.plot_task, log=say)
-    trainer = build_evaluation_trainer(settings, callback)  # bad trainer.* options fail here, before any output
+    trainer = build_evaluation_trainer(settings, callback, say)  # bad trainer.* options fail here, before any output
     source = build_feature_source(cfg, settings, say)  # checks files and the checkpoint
     # a split with too few classes or images, or features a method refuses: errors before any output
     check_episodes_possible(source.labels, settings.ways, settings.shots, settings.queries, settings.alphas,
@@ -106,7 +111,7 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
         check_base_features(settings, source.features.shape[1])
     say(summary)
     auto_folder = settings.output_dir is None
-    with output_folder(settings) as folder:
+    with output_folder(settings, say) as folder:
         settings.output_dir = folder
         cfg.output_dir = str(folder)
         callback.feature_cache, callback.config_yaml = source.cache, to_yaml(cfg)

@@ -47,8 +47,16 @@ def run_predict(overrides: Sequence[str], log: Callable[[str], None] = print) ->
         log(f"notice: ignored {len(images.ignored)} file(s) whose extension is not an image's: {names}"
             f"{' …' if len(images.ignored) > 5 else ''}")
     log(f"images are read as {reader.description}")
-    support = extract_features(backbone, images.support_paths, reader, settings.device, settings.batch_size)
-    query = extract_features(backbone, images.query_paths, reader, settings.device, settings.batch_size)
+    from lightning_putm.evaluation.progress import ProgressLines, on_terminal  # (it imports Lightning)
+
+    features = []
+    for kind, paths in (("support", images.support_paths), ("query", images.query_paths)):
+        lines = None if on_terminal() else ProgressLines(f"reading {kind} images", len(paths), log)  # a log file
+        features.append(extract_features(backbone, paths, reader, settings.device, settings.batch_size,
+                                         None if lines is None else lines.update))
+        if lines is not None:
+            lines.close()
+    support, query = features
     mean, covariance, normalisation = base_statistics(settings, support.shape[1], log)
     # K may differ per class; a method's "by setting" defaults (PUTM's inertia, α-TIM's α, LaplacianShot's λ)
     # follow the smallest class. The query proportions are unknown, so the Dirichlet (imbalanced) defaults apply.

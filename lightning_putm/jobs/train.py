@@ -30,6 +30,7 @@ from lightning_putm.pretraining.stages import (StageResult, build_datamodule, bu
                                                build_stage_trainer, check_batch_fractions, interruption_message,
                                                precision_hint, resolve_run_folder, stopped_by)
 from lightning_putm.signals import sigterm_as_interrupt
+from lightning_putm.validators import path_hint
 
 
 def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = print) -> list[StageResult]:
@@ -60,7 +61,7 @@ def check_episode_settings(datamodule: FewShotDataModule, settings: TrainSetting
     for key, split, *episodes in checks:
         data = datamodule.split(split)
         try:
-            check_episodes_possible(data.labels, *episodes, data.class_names)
+            check_episodes_possible(data.labels, *episodes, data.class_names, key=f"{key}.queries")
         except (ConfigError, DataError) as exc:
             raise type(exc)(f"{key} ({split} split): {exc}") from exc
 
@@ -87,8 +88,8 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
 
     previous = settings.init_from
     if previous is not None and not previous.is_file():
-        raise DataError(f"init_from={previous} does not exist; pass an existing checkpoint (e.g. "
-                        f"{settings.stage_dir('rotation') / 'best.ckpt'})")
+        raise DataError(f"init_from={previous} does not exist; {path_hint(previous)}pass an existing checkpoint "
+                        f"(e.g. {settings.stage_dir('rotation') / 'best.ckpt'})")
     data_config = recorded_data_config(cfg)
     pl.seed_everything(settings.seed, workers=True, verbose=False)  # stage 0's seed, before its weights are drawn
     first_module = build_module(settings, datamodule.in_channels, train.num_classes, 0, data_config)
@@ -104,7 +105,7 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
     testing = settings.run_test and datamodule.has_split("test")
     module: S2M2Module | None = None
     trainer: pl.Trainer | None = None
-    with resolve_run_folder(settings) as folder:
+    with resolve_run_folder(settings, say) as folder:
         settings.run_folder = folder
         checked = None
         if settings.resume:  # the first stage's last.ckpt: corrupt or another model's, refused before config.yaml

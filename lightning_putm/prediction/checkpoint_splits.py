@@ -22,7 +22,7 @@ import torch
 
 from lightning_putm.atomic import atomic_write_text
 from lightning_putm.errors import DataError, LightningPutmError
-from lightning_putm.evaluation.calibration import Calibration, fit_calibration
+from lightning_putm.evaluation.calibration import CALIBRATION_CHUNK, Calibration, fit_calibration
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, checkpoint_data
 from lightning_putm.evaluation.sources import Extraction, base_split_features, read_base_statistics
 from lightning_putm.evaluation.store import tensor_digest
@@ -41,7 +41,7 @@ def checkpoint_split(settings: PredictSettings, split: str, log: Callable[[str],
     """Features of ``split`` of the checkpoint's own data, through ``evaluate.py``'s extraction and cache."""
     accelerator = {"cpu": "cpu", "cuda": "gpu"}[settings.device.type]
     extraction = Extraction(settings.checkpoint, settings.feature_cache_dir, trainer={"accelerator": accelerator},
-                            output_dir=settings.feature_cache_dir)
+                            progress=True, output_dir=settings.feature_cache_dir)  # thousands of images: say so
     return base_split_features(checkpoint_data(settings.checkpoint, settings.data_root), extraction, split,
                                file_sha256(settings.checkpoint), log, purpose=purpose, use=use)
 
@@ -105,6 +105,11 @@ def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: 
                         base: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> Calibration | None:
     """The temperature for this task: given, fitted on validation tasks (cached), or ``None`` (raw probabilities).
 
+    A fit solves ``calibration_tasks`` tasks with the method, which can take far longer than the user's own task:
+    before it starts, the console says so and how to make it cheaper or skip it (:func:`calibration_cost`); the
+    time it will take follows its first chunk of tasks (:func:`~lightning_putm.evaluation.calibration.
+    predict_in_chunks`).
+
     The fit depends on the features, the method, its settings and what it read from files, the base-class
     statistics it normalises with (``base``: mean, covariance), the task's shape and the seed; all of them make the
     cache key (by content), so a changed input never reuses a stale temperature.
@@ -139,10 +144,10 @@ def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: 
         log(f"notice: probabilities are the method's own (uncalibrated): {problem}")
         return None
     log(f"calibration: {settings.method} on {settings.calibration_tasks} labelled tasks of {path.name} "
-        f"({ways} classes × {shots} shot{'' if shots == 1 else 's'})")
+        f"({ways} classes × {shots} shot{'' if shots == 1 else 's'}); {calibration_cost(settings)}")
     try:
         calibration = fit_calibration(method, feature_set, ways, shots, queries, settings.calibration_tasks,
-                                      settings.seed, settings.device, progress=True)
+                                      settings.seed, settings.device, progress=True, log=log)
     except DataError as exc:  # e.g. validation classes with fewer images than the task's shots
         if settings.calibration != "auto":
             raise DataError(f"calibration={settings.calibration}: {exc}") from exc
@@ -152,6 +157,19 @@ def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: 
     atomic_write_text(cache, json.dumps({"key": key, "calibration": calibration.__dict__}, sort_keys=True,
                                         default=str, indent=1))
     return usable(calibration, path, log)
+
+
+def calibration_cost(settings: PredictSettings) -> str:
+    """What the fit will cost, said before it starts: the tasks it solves (in chunks; the time it takes follows
+    the first), that it is paid once, and how to spend less. The user's own single task is no guide to the time:
+    a method solves a chunk of 25 tasks in a few times one task's time (PUTM on the digits demo: 6 s for one
+    task, 23 s for 25, 2026-11-28)."""
+    tasks = settings.calibration_tasks
+    chunks = -(-tasks // CALIBRATION_CHUNK)
+    return (f"{chunks} chunk{'' if chunks == 1 else 's'} of up to {CALIBRATION_CHUNK} tasks (the time they take "
+            "follows the first), once per method, settings and task shape (the temperature is cached); fewer "
+            "calibration_tasks cost less (a noisier temperature), calibration=<temperature> or calibration=null "
+            "skip it (docs/predict.md)")
 
 
 def usable(calibration: Calibration, path: Path, log: Callable[[str], None]) -> Calibration | None:

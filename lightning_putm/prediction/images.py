@@ -230,8 +230,10 @@ def timm_image_reader(name: str) -> ImageReader:
 # ------------------------------------------------------------------------------------------------ features
 @torch.no_grad()
 def extract_features(backbone: torch.nn.Module, paths: Sequence[Path], reader: Callable[[Path], torch.Tensor],
-                     device: torch.device, batch_size: int = 256) -> torch.Tensor:
-    """Backbone features ``[n, d]`` (float32, CPU) of ``paths`` in order.
+                     device: torch.device, batch_size: int = 256,
+                     progress: Callable[[int], None] | None = None) -> torch.Tensor:
+    """Backbone features ``[n, d]`` (float32, CPU) of ``paths`` in order; ``progress(n)`` after each batch of
+    ``n`` files (e.g. :class:`~lightning_putm.evaluation.progress.ProgressLines` in a log file).
 
     Every file is decoded even after a bad one, so the error lists all unreadable files at once (up to
     :data:`LISTED_FILES` by name); nothing is written in any case.
@@ -245,6 +247,8 @@ def extract_features(backbone: torch.nn.Module, paths: Sequence[Path], reader: C
     def flush() -> None:
         if batch and not bad:
             rows.append(forward(torch.stack(batch).to(device)).float().cpu())
+        if progress is not None:
+            progress(len(batch))
         batch.clear()
 
     for path in paths:

@@ -27,6 +27,7 @@ from lightning_putm.errors import DataError
 from lightning_putm.features.files import looks_like_torch_file, unsafe_load_reason
 from lightning_putm.models import Backbone
 from lightning_putm.pretraining.module import S2M2Module
+from lightning_putm.validators import alternatives, path_hint
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -66,11 +67,23 @@ class BestCheckpoint(ModelCheckpoint):
             super().on_validation_end(trainer, pl_module)
 
 
+def missing_checkpoint_hint(path: Path) -> str:
+    """What to do about a checkpoint path that is not a file: its near matches first (a typo: ``bets.ckpt`` →
+    ``best.ckpt``, :func:`~lightning_putm.validators.path_hint`), then where checkpoints come from."""
+    if path.is_dir():  # a run or stage folder: the checkpoints in it
+        held = sorted(path.glob("*.ckpt"))[:3]
+        hint = f"did you mean {alternatives([str(p) for p in held])}? " if held else ""
+    else:
+        hint = path_hint(path)
+    example = "" if hint.startswith("did you mean") else " (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)"
+    return f"{hint}pass checkpoint=PATH to a .ckpt written by train_backbone.py{example}"
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     """Load a checkpoint safely (``weights_only=True``) onto the CPU, with errors a user can act on."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"checkpoint not found: {path}")
+        raise DataError(f"checkpoint not found: {path}; {missing_checkpoint_hint(path)}")
     if not looks_like_torch_file(path):
         raise DataError(f"cannot read checkpoint {path}: it is not a complete PyTorch checkpoint (truncated, "
                         "corrupt or another kind of file); use a .ckpt written by train_backbone.py")
@@ -193,8 +206,7 @@ def load_checkpoint_backbone(path: str | Path, in_channels: int | None = None,
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"checkpoint not found: {path}; pass checkpoint=PATH to a .ckpt written by "
-                        "train_backbone.py (e.g. checkpoints/digits/conv4/latest/s2m2r/best.ckpt)")
+        raise DataError(f"checkpoint not found: {path}; {missing_checkpoint_hint(path)}")
     module = load_module(path)  # every problem with the file is already a DataError naming it
     hparams = dict(module.hparams)
     _check_backbone(path, str(hparams.get("backbone")), expected_backbone)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytorch_lightning as pl
 import torch
@@ -24,7 +24,7 @@ from lightning_putm.pretraining.checkpoints import AtomicCheckpointIO, BestCheck
 from lightning_putm.pretraining.module import S2M2Module
 from lightning_putm.pretraining.progress import EpochLines, StageProgressBar
 from lightning_putm.pretraining.settings import TrainSettings
-from lightning_putm.runs import LATEST, latest_run, point_latest, run_dir
+from lightning_putm.runs import LATEST, folder_locked, latest_run, point_latest, run_dir
 from lightning_putm.signals import Terminated
 from lightning_putm.validators import integer, mapping, positive
 
@@ -175,10 +175,12 @@ def check_batch_fractions(trainer_args: dict[str, Any], datamodule: FewShotDataM
                                   f"trainer.limit_{mode}_batches=1)")
 
 
-def resolve_run_folder(settings: TrainSettings) -> contextlib.AbstractContextManager[Path]:
+def resolve_run_folder(settings: TrainSettings,
+                       log: Callable[[str], None] = print) -> contextlib.AbstractContextManager[Path]:
     """The run's folder: ``resume=true`` continues ``run`` (default: the latest run), ``run=<name>`` names a new
     folder (one holding checkpoints is refused: nothing is overwritten), otherwise a new ``<date>_<time>`` folder;
-    ``latest`` points at the folder in use."""
+    ``latest`` points at the folder in use. The folder is locked while the run lasts
+    (:func:`~lightning_putm.runs.folder_locked`): a ``resume=true`` of a run that is still training is refused."""
     root = settings.runs_root()
     first = settings.stages[0]
     if settings.resume:
@@ -187,7 +189,7 @@ def resolve_run_folder(settings: TrainSettings) -> contextlib.AbstractContextMan
             where = folder / first / "last.ckpt" if folder is not None else root / LATEST
             raise DataError(f"resume=true but there is no {where} to resume from; run without resume=true (or check "
                             "checkpoint_dir, run, data and backbone)")
-        return contextlib.nullcontext(folder)
+        return folder_locked(folder, f"resume=true run={folder.name} ({folder})", log)
     if settings.run:
         folder = root / settings.run
         held = sorted(folder.glob("*/*.ckpt"))
@@ -195,9 +197,23 @@ def resolve_run_folder(settings: TrainSettings) -> contextlib.AbstractContextMan
             raise DataError(f"run={settings.run} already holds a training run ({held[0]}): continue it with "
                             "resume=true, or give another run name (or delete the folder to start it over)")
         folder.mkdir(parents=True, exist_ok=True)
+        return _locked_then_latest(root, folder, f"run={settings.run} ({folder})", log)
+    return _new_locked_run(root, log)
+
+
+@contextlib.contextmanager
+def _locked_then_latest(root: Path, folder: Path, what: str, log: Callable[[str], None]) -> Iterator[Path]:
+    """``folder`` locked, and only then ``latest`` pointed at it (a refused run moves nothing)."""
+    with folder_locked(folder, what, log):
         point_latest(root, folder)
-        return contextlib.nullcontext(folder)
-    return run_dir(root, "", flat=True)
+        yield folder
+
+
+@contextlib.contextmanager
+def _new_locked_run(root: Path, log: Callable[[str], None]) -> Iterator[Path]:
+    """A new ``<date>_<time>`` run folder, locked (a later ``resume=true`` while it trains is refused)."""
+    with run_dir(root, "", flat=True) as folder, folder_locked(folder, f"run={folder.name} ({folder})", log):
+        yield folder
 
 
 def stopped_by(trainer: pl.Trainer, exit_: SystemExit) -> str:

@@ -293,7 +293,8 @@ class Study:
         return json.dumps(value) if not isinstance(value, (str, int, float, bool)) else value
 
     def rows(self) -> list[StudyRow]:
-        """One row per finished point (the first finished run of each), in the order runs finished."""
+        """One row per finished point (the first finished run of each): in the sweep's order for a grid (the
+        summary keeps it where test conditions are swept), else in the order runs finished."""
         from optuna.trial import TrialState
 
         rows, seen = [], set()
@@ -307,6 +308,9 @@ class Study:
                            output_dir=trial.user_attrs.get("output_dir", ""),
                            settings=json.loads(trial.user_attrs.get("settings", "[]")))
             rows.append(with_intervals(row, parts))  # the metric's 95% CI and SimpleShot's value, from the run
+        if self.sweep.method == "grid":
+            rank = {self.sweep.key(point): index for index, point in enumerate(self.sweep.points())}
+            rows.sort(key=lambda r: rank.get(r.key, len(rank)))
         return rows
 
 

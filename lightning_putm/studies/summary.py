@@ -9,11 +9,15 @@ method has to beat), whenever the runs evaluated it:
     SimpleShot's value of the same metric with its CI, the tasks per setting, every setting's accuracy ± CI and
     the run folder;
 ``summary.md``
-    the same table sorted by the metric (best first), with notes on how the CIs are combined and on the baseline
-    (or a note that SimpleShot was not evaluated and how to add it);
+    the same table with a column per other method that ran (its value of the same metric, or its mean accuracy
+    when the metric is a margin), sorted by the metric (best first) when only hyper-parameters are swept, in the
+    sweep's order when a test condition is (:data:`TEST_CONDITIONS`: α, shots, ...), with notes on how the CIs
+    are combined and on the baseline (or a note that SimpleShot was not evaluated and how to add it);
 ``summary.pdf``/``summary.png``
-    the metric against each swept parameter with 95% CI error bars, SimpleShot as a dashed line with its CI band,
-    the best run starred; the legend lists exactly what is drawn.
+    the metric against each swept parameter (axes named in words: "Dirichlet α") with 95% CI error bars,
+    every other method that ran, SimpleShot as a dashed line with its CI band, the best run starred (the best
+    hyper-parameters by their mean over the swept test conditions; nothing when only test conditions are swept:
+    there is no best α); the legend lists exactly what is drawn.
 
 How the 95% CI of a point's metric is obtained (half-widths in accuracy points, as in ``results.csv``):
 
@@ -48,6 +52,26 @@ BASELINE_NAME = "SimpleShot"
 #: ``summary.csv`` columns of SimpleShot's value of the study's metric and its CI.
 BASELINE_COLUMN = f"{BASELINE}_baseline"
 Z95 = 1.96
+#: Swept keys that set the test conditions, in words: a study over them measures, it does not choose (no "best α").
+TEST_CONDITIONS = {"alphas": "Dirichlet α", "shots": "shots per class", "ways": "ways (classes per task)",
+                   "queries": "queries per task", "tasks": "tasks per setting", "seed": "seed of the tasks",
+                   "split": "split"}
+
+
+def is_test_condition(key: str) -> bool:
+    return key in TEST_CONDITIONS
+
+
+def parameter_label(key: str) -> str:
+    """A swept key in words, for axes and notes: ``Dirichlet α``, ``PUTM rho`` (``method.putm.rho``)."""
+    if key in TEST_CONDITIONS:
+        return TEST_CONDITIONS[key]
+    parts = key.split(".")
+    if len(parts) == 3 and parts[0] == "method":
+        from lightning_putm.methods import method_display_name
+
+        return f"{method_display_name(parts[1])} {parts[2]}"
+    return key
 
 
 @dataclass(frozen=True)
@@ -77,6 +101,8 @@ class StudyRow:
     settings: list[dict[str, Any]] = field(default_factory=list)  # {method, shots, alpha, accuracy, ci95}
     interval: Interval | None = None  # the metric with its 95% CI (see the module docstring)
     baseline: Interval | None = None  # SimpleShot's value of the same metric at this point, with its CI
+    #: every method the run evaluated: its value of the same metric (its mean accuracy for a margin), with its CI
+    methods: dict[str, Interval] = field(default_factory=dict)
 
     @property
     def ci95(self) -> float | None:
@@ -190,7 +216,41 @@ def with_intervals(row: StudyRow, parts: Mapping[str, str | None]) -> StudyRow:
     other = baseline_parts(arguments)
     if other is not None and any(s["method"] == BASELINE for s in row.settings):
         baseline = metric_interval(row.settings, per_task, **other)
-    return replace(row, interval=interval, baseline=baseline)
+    methods = {}
+    for name in dict.fromkeys(str(s["method"]) for s in row.settings):
+        found = metric_interval(row.settings, per_task, name, arguments["shots"], arguments["alpha"])
+        if found is not None:
+            methods[name] = found
+    return replace(row, interval=interval, baseline=baseline, methods=methods)
+
+
+def other_methods(rows: Sequence[StudyRow], parts: Mapping[str, str | None] | None) -> list[str]:
+    """The methods the runs evaluated besides the metric's own and SimpleShot (when it is the baseline), in order
+    of appearance; for a margin, every method (their accuracies)."""
+    names = list(dict.fromkeys(m for r in rows for m in r.methods))
+    if parts is None or parts.get("gainer"):
+        return names
+    return [m for m in names if m != parts.get("method") and m != BASELINE]
+
+
+def conditions_swept(swept: Sequence[str]) -> list[str]:
+    return [k for k in swept if is_test_condition(k)]
+
+
+def best_setting(rows: Sequence[StudyRow], goal: str, swept: Sequence[str]) -> tuple[dict[str, str], float] | None:
+    """The best swept hyper-parameters with their metric: the best run when only hyper-parameters are swept; with
+    test conditions swept too, the hyper-parameters whose mean over the conditions is best (among those run at
+    every condition); ``None`` when no hyper-parameter is swept (there is no best test condition)."""
+    chosen = [k for k in swept if not is_test_condition(k)]
+    if not chosen or not rows:
+        return None
+    groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    for r in rows:
+        groups[tuple(cell_text(r.point.get(k)) for k in chosen)].append(r.metric)
+    complete = max(len(v) for v in groups.values())
+    means = {k: sum(v) / len(v) for k, v in groups.items() if len(v) == complete}
+    best = (max if goal == "maximize" else min)(means, key=lambda k: means[k])
+    return dict(zip(chosen, best)), means[best]
 
 
 # --------------------------------------------------------------------------------------------- tables
@@ -220,24 +280,44 @@ def summary_rows(rows: Sequence[StudyRow], metric: str) -> list[dict[str, Any]]:
     return out
 
 
-def markdown_table(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence[str]) -> str:
-    """The finished points as a markdown table, best first: metric ± 95% CI and, when evaluated, SimpleShot's."""
-    ordered = sorted(rows, key=lambda r: r.metric, reverse=goal == "maximize")
+def markdown_table(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence[str],
+                   parts: Mapping[str, str | None] | None = None) -> str:
+    """The finished points as a markdown table: metric ± 95% CI, SimpleShot's when evaluated, then every other
+    method that ran (:func:`other_methods`). Best first when only hyper-parameters are swept; in the given order
+    (the sweep's) when a test condition is, since sorting α or shots by accuracy hides the trend."""
+    ordered = list(rows) if conditions_swept(swept) else \
+        sorted(rows, key=lambda r: r.metric, reverse=goal == "maximize")
     with_baseline = any(r.baseline is not None for r in rows)
-    header = [*swept, f"{metric} (± 95% CI)"] + ([f"{BASELINE_NAME} (± 95% CI)"] if with_baseline else [])
+    others = other_methods(rows, parts)
+    from lightning_putm.methods import method_display_name
+
+    what = " accuracy" if parts is not None and parts.get("gainer") else ""
+    header = [*swept, f"{metric} (± 95% CI)"] + ([f"{BASELINE_NAME} (± 95% CI)"] if with_baseline else []) + [
+        f"{method_display_name(m)}{what} (± 95% CI)" for m in others]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in ordered:
         cells = [*(cell_text(row.point.get(k)) for k in swept), _plus_minus(row.metric, row.ci95)]
         if with_baseline:
             cells.append(_plus_minus(row.baseline.value, row.baseline.ci95) if row.baseline else "not evaluated")
+        cells += [_plus_minus(row.methods[m].value, row.methods[m].ci95) if m in row.methods else "not evaluated"
+                  for m in others]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
-def summary_notes(rows: Sequence[StudyRow], parts: Mapping[str, str | None] | None, swept: Sequence[str] = ()
-                  ) -> list[str]:
-    """The summary's notes: tasks per setting, how the CIs were obtained, the baseline (or why there is none)."""
+def summary_notes(rows: Sequence[StudyRow], parts: Mapping[str, str | None] | None, swept: Sequence[str] = (),
+                  goal: str = "maximize") -> list[str]:
+    """The summary's notes: the order and the best setting, tasks per setting, how the CIs were obtained, the
+    baseline (or why there is none)."""
     notes = []
+    conditions = conditions_swept(swept)
+    if conditions:
+        words = " and ".join(parameter_label(k) for k in conditions)
+        best = best_setting(rows, goal, swept)
+        kind = "is a test condition" if len(conditions) == 1 else "are test conditions"
+        notes.append(f"Rows in the sweep's order: {words} {kind}, measured rather than chosen, so no run is marked best"
+                     + (f"; the best {', '.join(f'{parameter_label(k)} = {v}' for k, v in best[0].items())} "
+                        f"({best[1]:.2f}, mean over the {words} swept)" if best else "") + ".")
     tasks = sorted({t for t in (row_tasks(r) for r in rows) if t})
     if tasks:
         notes.append(f"{range_text(tasks)} tasks per (method, shot, α) setting; differences smaller than the CIs "

@@ -9,18 +9,24 @@ from typing import Any, Mapping, Sequence
 
 from lightning_putm.atomic import atomic_savefig, atomic_write_text
 from lightning_putm.evaluation.report import write_csv
-from lightning_putm.studies.summary import (BASELINE_NAME, StudyRow, cell_text, ci_column, margin_over_baseline,
-                                            markdown_table, mean_ci_or_none, mean_or_none, range_text, row_tasks,
+from lightning_putm.studies.summary import (BASELINE_NAME, StudyRow, best_setting, cell_text, ci_column,
+                                            conditions_swept, margin_over_baseline, markdown_table, mean_ci_or_none,
+                                            mean_or_none, other_methods, parameter_label, range_text, row_tasks,
                                             summary_notes, summary_rows)
 
 #: Legend order of the summary figure's entries (labels are built from the metric's method; see study_figure).
 METRIC_GID, BASELINE_GID, RANGE_GID, BEST_GID = "metric", "baseline", "range", "best"
+#: gid prefix of the other methods' lines (``method-<name>``).
+METHOD_GID = "method"
 
 
 def study_figure(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequence[str], title: str,
                  parts: Mapping[str, str | None] | None = None):
-    """Build (without saving) the summary figure: one panel per swept parameter, the metric ± 95% CI per value,
-    SimpleShot as a dashed line with its CI band, the best run starred; one legend of exactly what is drawn.
+    """Build (without saving) the summary figure: one panel per swept parameter (named in words), the metric ±
+    95% CI per value, every other method that ran (not for a margin: its axis is in margin points), SimpleShot as
+    a dashed line with its CI band, the best setting starred (:func:`~lightning_putm.studies.summary.best_setting`:
+    none when only test conditions are swept, and only on the hyper-parameters' panels); one legend of exactly
+    what is drawn.
 
     Every drawn artist that the legend names carries a gid (:data:`METRIC_GID`, ...), so tests can match the
     legend against what was drawn.
@@ -30,9 +36,13 @@ def study_figure(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequen
 
     from lightning_putm.evaluation.plot_style import paper_style
 
-    best = (max if goal == "maximize" else min)(rows, key=lambda r: r.metric)
+    best = best_setting(rows, goal, swept)
+    best_label = "best run" if not conditions_swept(swept) else \
+        f"best setting (mean over {', '.join(parameter_label(k) for k in conditions_swept(swept))})"
     name = _metric_name(metric, parts)
     margin = parts is not None and margin_over_baseline(parts)
+    others = [] if parts is None or parts.get("gainer") else other_methods(rows, parts)
+    styles = _method_styles(others)
     entries: dict[str, Any] = {}  # legend label -> handle, first drawn first
     with paper_style():
         figure = Figure(figsize=(max(2.4 * len(swept) + 0.4, 3.4), 2.7), layout="constrained")
@@ -59,6 +69,8 @@ def study_figure(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequen
             drawn = _draw_baseline(ax, x, [groups[k] for k in labels], margin)
             if drawn is not None:
                 entries.setdefault(*drawn)
+            for method in others:
+                entries.update(_draw_method(ax, x, [groups[k] for k in labels], method, styles[method], entries))
             spread = [k for k in labels if len(groups[k]) > 1]
             if spread:  # the points that share this value differ in the other swept parameters
                 label = "range over the other swept values"
@@ -67,14 +79,14 @@ def study_figure(rows: Sequence[StudyRow], metric: str, goal: str, swept: Sequen
                                    [max(r.metric for r in groups[k]) for k in spread], colors="#7fb8da", linewidth=3,
                                    zorder=1, label=label, gid=RANGE_GID)
                 entries.setdefault(label, handle)
-            if cell_text(best.point.get(parameter)) in labels:
-                (handle,) = ax.plot(labels.index(cell_text(best.point.get(parameter))), best.metric, marker="*", ms=9,
-                                    color="#D55E00", ls="none", zorder=4, label="best run", gid=BEST_GID)
-                entries.setdefault("best run", handle)
+            if best is not None and best[0].get(parameter) in labels:
+                (handle,) = ax.plot(labels.index(best[0][parameter]), best[1], marker="*", ms=9,
+                                    color="#D55E00", ls="none", zorder=4, label=best_label, gid=BEST_GID)
+                entries.setdefault(best_label, handle)
             ax.set_xticks(x, labels, rotation=30 if max(len(s) for s in labels) > 4 else 0)
-            ax.set_xlabel(parameter.split(".")[-1])
+            ax.set_xlabel(parameter_label(parameter))
             ax.grid(axis="y", alpha=0.3, lw=0.5)
-        axes[0].set_ylabel(_axis_label(metric, name))
+        axes[0].set_ylabel(_axis_label(metric, name if not others else ""))
         figure.legend(list(entries.values()), list(entries), loc="outside lower center", ncols=min(4, len(entries)))
         tasks = sorted({t for t in (row_tasks(r) for r in rows) if t})
         detail = f"{len(rows)} runs" + (f", {range_text(tasks)} tasks per setting" if tasks else "")
@@ -125,6 +137,45 @@ def _draw_baseline(ax: Any, x: list[int], groups: list[list[StudyRow]], margin: 
     return label, line if band is None else (band, line)
 
 
+def _method_styles(methods: Sequence[str]) -> dict[str, Any]:
+    """Each other method's house colour and marker (:func:`~lightning_putm.evaluation.plot_style.method_styles`),
+    with a free colour where it would repeat the metric's blue or the star's vermilion (or be black, which reads
+    as the baseline's grey)."""
+    from lightning_putm.evaluation.plot_style import PALETTE, MethodStyle, method_styles
+
+    taken = {"#0072B2", "#D55E00", "#000000"}
+    spare = (c for c in PALETTE if c not in taken and c not in {s.colour for s in method_styles(methods).values()})
+    styles = {}
+    for (name, _), style in method_styles(methods).items():
+        colour = style.colour if style.colour not in taken else next(spare, "0.5")
+        styles[name] = MethodStyle(colour, style.marker)
+    return styles
+
+
+def _draw_method(ax: Any, x: list[int], groups: list[list[StudyRow]], method: str, style: Any,
+                 entries: Mapping[str, Any]) -> dict[str, Any]:
+    """Another method's value of the metric per swept value (mean over the points sharing it) with its mean CI,
+    where the runs evaluated it; returns its legend entry (none when nothing was drawn)."""
+    from lightning_putm.methods import method_display_name
+
+    known = [(i, [r.methods[method] for r in group if method in r.methods]) for i, group in zip(x, groups)]
+    known = [(i, values) for i, values in known if values]
+    if not known:
+        return {}
+    xs = [i for i, _ in known]
+    means = [mean_or_none([v.value for v in values]) for _, values in known]
+    cis = [mean_ci_or_none([v.ci95 for v in values]) for _, values in known]
+    label = method_display_name(method) + (" ± 95% CI" if all(c is not None for c in cis) else "")
+    if all(c is not None for c in cis):
+        handle = ax.errorbar(xs, means, yerr=cis, fmt="-", marker=style.marker, color=style.colour, ms=3, lw=0.9,
+                             capsize=2, elinewidth=0.6, zorder=2.5, label=label)
+        handle.lines[0].set_gid(f"{METHOD_GID}-{method}")
+    else:
+        (handle,) = ax.plot(xs, means, "-", marker=style.marker, color=style.colour, ms=3, lw=0.9, zorder=2.5,
+                            label=label, gid=f"{METHOD_GID}-{method}")
+    return {} if label in entries else {label: handle}
+
+
 def _metric_name(metric: str, parts: Mapping[str, str | None] | None) -> str:
     """The metric as the legend names it: ``PUTM``, or ``PUTM − SimpleShot (worst)`` for a margin."""
     from lightning_putm.methods import method_display_name
@@ -137,15 +188,20 @@ def _metric_name(metric: str, parts: Mapping[str, str | None] | None) -> str:
 
 
 def _axis_label(metric: str, name: str) -> str:
+    """The y axis: ``PUTM accuracy (%)`` (``name=""``, several methods drawn: ``accuracy (%)``), the setting of a
+    one-setting metric, or ``worst margin (points)``."""
     if "worst_gain_over_" in metric:
         return "worst margin (points)"
     setting = metric.split("/")[2:-1]  # [<k>shot, alpha_<a>] for one setting's accuracy
     where = " " + " ".join(setting).replace("alpha_", "α=") if setting else ""
-    return f"{name}{where} accuracy (%)" if name != metric else "accuracy (%)"
+    if name and name != metric:
+        return f"{name}{where} accuracy (%)"
+    return f"accuracy{where} (%)"
 
 
 def _ordered(groups: Mapping[str, Any]) -> list[str]:
-    """Numbers in numeric order, then the rest (e.g. ``balanced``) in their order of appearance."""
+    """Numbers in numeric order, then the rest (e.g. ``balanced``) in their order of appearance (a grid study's
+    rows come in the sweep's order: :meth:`~lightning_putm.studies.study.Study.rows`)."""
     def number(text: str) -> float | None:
         try:
             return float(text)
@@ -167,8 +223,8 @@ def write_study_summary(rows: Sequence[StudyRow], metric: str, goal: str, swept:
     paths = {"csv": write_csv(folder / "summary.csv", records, columns or [*swept, metric, ci_column(metric)])}
     text = f"# Study {title}\n\n{len(rows)} finished run(s); metric `{metric}` ({goal}), mean ± 95% CI.\n\n"
     if rows:
-        text += markdown_table(rows, metric, goal, swept) + "\n" + "".join(
-            f"- {note}\n" for note in summary_notes(rows, parts, swept))
+        text += markdown_table(rows, metric, goal, swept, parts) + "\n" + "".join(
+            f"- {note}\n" for note in summary_notes(rows, parts, swept, goal))
     else:
         text += "No run has finished yet.\n"
     paths["markdown"] = atomic_write_text(folder / "summary.md", text)
