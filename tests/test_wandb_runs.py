@@ -49,8 +49,10 @@ def offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def offline_runs(save_dir: Path) -> list[Path]:
-    """Every offline run under ``save_dir/wandb``, oldest first (a resumed run is a second folder, same id)."""
-    return sorted((save_dir / "wandb").glob("offline-run-*"))
+    """Every offline run under ``save_dir/wandb``, oldest first (a resumed run is a second folder, same id). By the
+    run's recorded start time: the folders' names hold whole seconds, and two runs of these small jobs often start
+    in the same second (the names then sort by run id, at random)."""
+    return sorted((save_dir / "wandb").glob("offline-run-*"), key=lambda run: run_record(run)["start_time"])
 
 
 def logged(run: Path, key: str) -> list[float]:

@@ -93,13 +93,15 @@ def offline_run(save_dir: Path) -> Path:
 
 
 def run_record(run_dir: Path) -> dict[str, Any]:
-    """The run's own record: ``id``, ``display_name``, ``group``, ``job_type`` and ``config`` (``{key: value}``)."""
+    """The run's own record: ``id``, ``display_name``, ``group``, ``job_type``, ``config`` (``{key: value}``) and
+    ``start_time`` (seconds since the epoch, with its fraction: folder names hold whole seconds only)."""
     for record in records(run_dir):
         if record.WhichOneof("record_type") == "run":
             run = record.run
             config = {item.key: json.loads(item.value_json) for item in run.config.update}
             return {"id": run.run_id, "display_name": run.display_name, "group": run.run_group,
-                    "job_type": run.job_type, "config": config}
+                    "job_type": run.job_type, "config": config,
+                    "start_time": run.start_time.seconds + run.start_time.nanos / 1e9}
     raise ValueError(f"no run record in {run_dir}")
 
 
