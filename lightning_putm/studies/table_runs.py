@@ -284,9 +284,9 @@ def read_run(folder: Path, label: str | None = None) -> Run:
 def bank_difference(first: Bank, second: Bank) -> str | None:
     """How two banks differ, in words (``seed 0 vs 1``, ``200 vs 100 tasks``), or ``None`` when they are equal."""
     a, b = dict(first.config), dict(second.config)
-    for key in BANK_KEYS:
-        if a.get(key) != b.get(key):
-            return f"{key} {a.get(key, 'unset')} vs {b.get(key, 'unset')}"
+    for key in BANK_KEYS:  # a key one config leaves unset (null) is judged by the tasks themselves below
+        if key in a and key in b and a[key] != b[key]:
+            return f"{key} {a[key]} vs {b[key]}"
     if len(first.tasks) != len(second.tasks):
         return f"{len(first.tasks)} vs {len(second.tasks)} tasks"
     for t, (mine, theirs) in enumerate(zip(first.tasks, second.tasks)):
