@@ -26,11 +26,13 @@ COMMANDS = {"evaluate": "evaluate few-shot methods on balanced and Dirichlet-imb
             "combine-tunes": "one selection from several tune runs of a sweep (the worst validation metric)",
             "sensitivity-figure": "PUTM against β, ρ and the inertia one at a time: tables and a figure from runs",
             "navigator-confidence": "PUTM's accuracy against its confidence and the support-only nearest mean",
+            "table": "a paper table (Markdown, LaTeX, CSV) from evaluate.py runs: best, second, paired significance",
             "fit-unem": "learn UNEM's parameters on validation-class features (cached); prints the option to use"}
 
 #: the analyses of finished runs: command → module of lightning_putm.studies with ``main(argv, prog)``
 ANALYSES = {"compare-presets": "compare_presets", "combine-tunes": "combine_tunes",
             "sensitivity-figure": "sensitivity_figure", "navigator-confidence": "navigator_confidence",
+            "table": "table",
             "fit-unem": "fit_unem"}
 
 HELP_FLAGS = ("-h", "--help", "help")

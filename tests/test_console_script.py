@@ -32,11 +32,12 @@ HELP_MARKERS = {
     "sensitivity-figure": "sensitivity-figure [-h] --set NAME FOLDER",
     "navigator-confidence": "navigator-confidence [-h] [--features FEATURES]",
     "fit-unem": "fit-unem [-h] --features FEATURES --shots",
+    "table": "table [-h] [--format {markdown,latex,csv}]",
 }
 #: an option each analysis's parser has and no other's
 ANALYSIS_OPTIONS = {"compare-presets": "--candidate-label", "combine-tunes": "--goal",
                     "sensitivity-figure": "--reference", "navigator-confidence": "--queries",
-                    "fit-unem": "--iterations"}
+                    "fit-unem": "--iterations", "table": "--significance"}
 
 
 def console_script() -> str:

@@ -152,7 +152,7 @@ def test_module_help_goes_to_stdout_and_an_unknown_command_suggests_one() -> Non
     assert code == 2 and out == ""
     assert err.strip() == ("error: unknown command 'stduy'; did you mean study? commands: evaluate, train, predict, "
                            "study, tune, compare-presets, combine-tunes, sensitivity-figure, navigator-confidence, "
-                           "fit-unem")
+                           "table, fit-unem")
 
 
 def test_study_help_lists_every_option_the_parser_accepts() -> None:
