@@ -11,12 +11,13 @@ Usage: python train_backbone.py [key=value ...]   (defaults: conf/train_backbone
 import sys
 
 from lightning_putm.cli import run_cli
-from lightning_putm.jobs.train import run_train_backbone
 
 
 def main(argv: list[str]) -> None:
     """Pretrain a backbone with S2M2 (rotation, then manifold mixup + rotation) or a plain classifier; every run
     gets its own checkpoint folder (<checkpoint_dir>/<dataset>/<backbone>/<run>/<stage>/{best,last}.ckpt)."""
+    from lightning_putm.jobs.train import run_train_backbone  # the job loads here: --help needs none of it
+
     run_train_backbone(argv)
 
 

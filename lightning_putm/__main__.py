@@ -157,21 +157,21 @@ def main(argv: list[str] | None = None) -> int:
     if command == "train":
         return run_cli(train, rest, job="train_backbone")
     if command == "study":
-        from lightning_putm.jobs.study import run_study
-
         def study(argv: list[str]) -> None:
             """Run a sweep file as a resumable study (Optuna storage; W&B offline or online) and summarise it."""
+            from lightning_putm.jobs.study import run_study  # the job loads here: --help needs none of it
+
             run_study(argv)
 
         return run_cli(study, rest, help_text=lambda summary: command_help(
             summary, "python -m lightning_putm study SWEEP.yaml [key=value ...] [--option ...]", STUDY_OPTIONS,
             "Run the same command in more processes or on more machines (same storage) to share the runs."))
     if command == "tune":
-        from lightning_putm.jobs.tune import run_tune
-
         def tune(argv: list[str]) -> None:
             """Select hyper-parameters on validation classes (never the test classes) and write selected.yaml:
             the best run's config, switched to split=test, for `python evaluate.py config=<dir>/selected.yaml`."""
+            from lightning_putm.jobs.tune import run_tune  # the job loads here: --help needs none of it
+
             run_tune(argv)
 
         return run_cli(tune, rest, help_text=lambda summary: command_help(

@@ -14,7 +14,8 @@ inside ``torch.save`` they would fail the save with ``RuntimeError: unexpected p
 (SIGKILL, OOM killer, power loss) leaves the destination intact plus a temporary file that is never read; the next
 successful write to the same path removes it once it is :data:`STALE_TEMP_SECONDS` old.
 
-This module is foundation: it imports only :mod:`lightning_putm.signals`, torch and the standard library.
+This module is foundation: it imports only :mod:`lightning_putm.signals` and the standard library (torch only
+inside :func:`atomic_torch_save`, so that the commands' start-up, their ``--help`` and config errors, need no torch).
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping, Sequence, TextIO
-
-import torch
 
 from lightning_putm.signals import signals_deferred
 
@@ -108,6 +107,8 @@ def atomic_write_dict_csv(path: str | os.PathLike, columns: Sequence[str], rows:
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> Path:
     """``torch.save(obj)`` to ``path`` atomically (a checkpoint, a feature cache, a stored setting)."""
+    import torch
+
     return atomic_write(path, lambda handle: torch.save(obj, handle))
 
 

@@ -284,8 +284,9 @@ def trainer_arguments() -> set[str]:
 def apply_trainer_overrides(cfg: DictConfig, overrides: Iterable[str | Override], reserved: dict[str, str],
                             job: str) -> DictConfig:
     """Set ``trainer.<arg>=value`` overrides, checked against ``pl.Trainer``'s signature and the job's own args."""
-    valid = trainer_arguments()
-    for override in Overrides.parse(overrides):
+    overrides = Overrides.parse(overrides)
+    valid = trainer_arguments() if overrides else set()  # Lightning is imported only to check a trainer.* key
+    for override in overrides:
         key = override.key
         name = key.split(".", 1)[1]
         if name in reserved:

@@ -18,6 +18,8 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lightning_putm.config import command_line_value, conf_dir, group_options
+from lightning_putm.methods.catalog import method_settings
+from lightning_putm.methods.options import config_fields
 
 KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w]*):(?P<rest>.*)$")
 COMMENT_LINE = re.compile(r"^\s*#\s?(?P<text>.*)$")
@@ -107,11 +109,7 @@ def type_name(value: Any) -> str:
 def method_option(method: str, key: str) -> Any:
     """The declared option ``key`` of method ``method`` (an :class:`~lightning_putm.methods.options.OptionField`:
     type, default, bounds, help), or ``None`` for an unknown method or key (``preset``)."""
-    from lightning_putm.methods import METHOD_CLASSES  # each method's settings dataclass is its schema
-    from lightning_putm.methods.options import config_fields
-
-    cls = METHOD_CLASSES.get(method)
-    settings = getattr(cls, "Settings", None) if cls is not None else None
+    settings = method_settings(method)  # each method's settings dataclass is its schema
     if settings is None:
         return None
     return next((f for f in config_fields(settings) if f.name == key), None)
@@ -138,10 +136,7 @@ def method_comments(method: str, path: Path) -> dict[str, str]:
     one-line help its settings dataclass declares."""
     prefix = f"method.{method}."
     comments = yaml_comments(path, prefix)
-    from lightning_putm.methods import METHOD_CLASSES
-    from lightning_putm.methods.options import config_fields
-
-    settings = getattr(METHOD_CLASSES.get(method), "Settings", None)
+    settings = method_settings(method)
     for found in config_fields(settings) if settings is not None else []:
         if not comments.get(prefix + found.name):
             comments[prefix + found.name] = found.spec.help

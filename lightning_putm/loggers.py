@@ -8,17 +8,12 @@ into our logs.
 
 from __future__ import annotations
 
-import csv
 import json
 import netrc
 import os
 import shlex
 from pathlib import Path
 from typing import Any, Callable
-
-from pytorch_lightning.loggers import CSVLogger
-from pytorch_lightning.loggers.csv_logs import ExperimentWriter
-from pytorch_lightning.loggers.logger import rank_zero_experiment
 
 from lightning_putm.atomic import atomic_write_text
 from lightning_putm.errors import ConfigError
@@ -100,6 +95,8 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
         return False
     save_dir.mkdir(parents=True, exist_ok=True)
     if kind == "csv":
+        from lightning_putm.csv_logger import ResumableCSVLogger  # Lightning: only when a logger is built
+
         return ResumableCSVLogger(save_dir=str(save_dir), name=csv_name, version=csv_version)
     if not wandb_available():
         raise ConfigError("logger=wandb but the wandb package cannot be imported; `pip install wandb` or use logger=none")
@@ -206,24 +203,3 @@ def finish_logger(logger: Any, rank_zero: bool = True) -> None:
     """Close a W&B run (a run left open would swallow the next run's logs in this process)."""
     if rank_zero and type(logger).__name__ == "WandbLogger":
         logger.experiment.finish()
-
-
-class AppendingExperimentWriter(ExperimentWriter):
-    """Lightning's CSV writer, except that an existing ``metrics.csv`` is continued, not deleted (a resumed run)."""
-
-    def _check_log_dir_exists(self) -> None:
-        if self._fs.isfile(self.metrics_file_path):
-            with self._fs.open(self.metrics_file_path, "r", newline="") as handle:
-                self.metrics_keys = next(csv.reader(handle), [])
-
-
-class ResumableCSVLogger(CSVLogger):
-    """A CSV logger whose fixed ``version`` folder a resumed run appends to (one log folder per run and stage)."""
-
-    @property
-    @rank_zero_experiment
-    def experiment(self) -> AppendingExperimentWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = AppendingExperimentWriter(log_dir=self.log_dir)
-        return self._experiment

@@ -1,8 +1,8 @@
 """The installed ``lightning-putm`` command ([project.scripts]) and the dispatch of ``python -m lightning_putm``.
 
 The console-script tests run the command pip installed (beside this interpreter, or on ``PATH``) and skip, with
-the command that installs it, where it is missing; the one per subcommand starts a Python with torch each time
-(10-15 s on a busy 2-core CPU), so it is marked slow and the same help pages are checked in process too. The
+the command that installs it, where it is missing; the one per subcommand starts ten fresh Pythons, so it is
+marked slow and the same help pages are checked in process too (``tests/test_startup.py`` runs them all in one). The
 dispatch tests run in process with the jobs stood in for, so they check which code each command reaches without
 running an evaluation.
 """

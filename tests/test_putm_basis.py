@@ -10,7 +10,7 @@ import torch
 from conftest import make_clustered_features
 from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.errors import ConfigError, FeatureError
-from lightning_putm.methods import putm as putm_module
+from lightning_putm.methods.putm import method as putm_module  # the PUTM class and the names it calls
 from lightning_putm.methods.preprocessing import (cholesky_reduce, l2_normalise, power_transform, qr_reduce,
                                                   reduce_basis, resolve_basis)
 from lightning_putm.methods.putm import PUTM

@@ -242,7 +242,8 @@ def test_cached_fit_runs_once_per_key(tmp_path, monkeypatch) -> None:
     path, first = fit()
     assert json.loads(path.read_text())["meta"]["episodes"]["tasks"] == 20
     calls = []
-    monkeypatch.setattr(cached_fit, "fit_params", lambda *a, **k: calls.append(1) or (UNEMParams.initial(), [1.0]))
+    monkeypatch.setattr("lightning_putm.methods.unem_fit.fit_params",  # fit_unem imports it when it fits
+                        lambda *a, **k: calls.append(1) or (UNEMParams.initial(), [1.0]))
     again, second = fit()
     assert again == path and not calls and torch.equal(first.t2, second.t2)
     other, _ = fit(seed=1)  # other episodes: another key, fitted again

@@ -44,7 +44,7 @@ class Mutant:
 
 
 MUTANTS = [
-    Mutant("sanity: package import broken", PUTM + "__init__.py", "from tqdm.auto import tqdm",
+    Mutant("sanity: package import broken", PUTM + "method.py", "from tqdm.auto import tqdm",
            "raise ImportError('mutant')"),
     # --- prototype_update / M-step / inertia
     Mutant("prototype_update ignored (always forward)", PUTM + "m_step.py",
@@ -82,7 +82,7 @@ MUTANTS = [
     Mutant("init_tasks ignored (1000)", PUTM + "navigator.py", "(fan_in + self.init_tasks)", "(fan_in + 1000)"),
     Mutant("Xavier scale: fan_in <-> fan_out", PUTM + "navigator.py", "math.sqrt(2.0 / (fan_out * (fan_in + self.init_tasks)))",
            "math.sqrt(2.0 / (fan_in * (fan_out + self.init_tasks)))"),
-    Mutant("hidden ignored (128, 64)", PUTM + "__init__.py", "Navigator([x.shape[2], *s.hidden, 1]", "Navigator([x.shape[2], 128, 64, 1]"),
+    Mutant("hidden ignored (128, 64)", PUTM + "method.py", "Navigator([x.shape[2], *s.hidden, 1]", "Navigator([x.shape[2], 128, 64, 1]"),
     Mutant("LeakyReLU slope 0.1", PUTM + "settings.py", "negative_slope: float = option(0.01,", "negative_slope: float = option(0.1,"),
     # --- CT loss, rho, theta
     Mutant("fused: rho ignored", PUTM + "engines.py", "s.negative_slope, s.rho, s.theta, self.compute_dtype",
@@ -150,7 +150,7 @@ MUTANTS = [
     # --- solver, precision
     Mutant("solver ignored (always fused)", PUTM + "solvers.py",
            'trainer_class = FusedTrainer if settings.solver == "fused" else AutogradTrainer', "trainer_class = FusedTrainer"),
-    Mutant("precision ignored (float32)", PUTM + "__init__.py",
+    Mutant("precision ignored (float32)", PUTM + "method.py",
            "compute_dtype(resolve_precision(s.precision, x.device))", "torch.float32"),
     Mutant("tf32 also on CPU", PUTM + "precision.py", 'if precision == "tf32" and device.type == "cuda"', 'if precision == "tf32"'),
     Mutant("auto: bf16 from compute capability 7.0", PUTM + "precision.py", ">= (8, 0)", ">= (7, 0)"),
@@ -164,11 +164,11 @@ MUTANTS = [
     Mutant("CPU default cap not per worker", PUTM + "plumbing.py", "cap = CPU_MAX_CHUNK_TASKS * self.cpu_workers(device)",
            "cap = CPU_MAX_CHUNK_TASKS"),
     # --- preprocessing (beta, QR, L2)
-    Mutant("beta ignored (0.6)", PUTM + "__init__.py", "power_transform(x, self.settings.beta, self.name)",
+    Mutant("beta ignored (0.6)", PUTM + "method.py", "power_transform(x, self.settings.beta, self.name)",
            "power_transform(x, 0.6, self.name)"),
     Mutant("power transform eps 1e-3", PRE, "POWER_EPS = 1e-6", "POWER_EPS = 1e-3"),
-    Mutant("no L2 normalisation", PUTM + "__init__.py", "return l2_normalise(coords)", "return coords"),
-    Mutant("initial prototypes from all rows' first S", PUTM + "__init__.py",
+    Mutant("no L2 normalisation", PUTM + "method.py", "return l2_normalise(coords)", "return coords"),
+    Mutant("initial prototypes from all rows' first S", PUTM + "method.py",
            "prototypes = weighted_class_means(x[:, : tasks.num_support], one_hot)",
            "prototypes = weighted_class_means(x[:, -tasks.num_support:], one_hot)"),
     # --- subtler: tasks leaving the batch, engine internals, equivalents
@@ -192,7 +192,7 @@ MUTANTS = [
     Mutant("ct_loss_gradient: forward mean over classes", PUTM + "loss.py", "expand(t, q).div(q)", "expand(t, q).div(n)"),
     Mutant("auto: bf16 only with AVX512-BF16 and AMX", PUTM + "precision.py", "any(check is not None and check() for check in native)",
            "all(check is not None and check() for check in native)"),
-    Mutant("no GEMM padding (width-1 GEMV path)", PUTM + "navigator.py", "GEMM_MIN_WIDTH = 8", "GEMM_MIN_WIDTH = 1"),
+    Mutant("no GEMM padding (width-1 GEMV path)", PUTM + "settings.py", "GEMM_MIN_WIDTH = 8", "GEMM_MIN_WIDTH = 1"),
     Mutant("query sort not stable [equivalent?]", PUTM + "query_order.py", "dim=1, stable=True)", "dim=1, stable=False)"),
     Mutant("QR forms Q as well (mode reduced) [equivalent?]", PRE, 'mode="r").R', 'mode="reduced").R'),
 ]

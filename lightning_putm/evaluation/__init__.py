@@ -16,11 +16,26 @@ Modules, each importing only those above it in this list:
 The ``evaluate.py`` job itself is :mod:`lightning_putm.jobs.evaluate`.
 """
 
-from lightning_putm.evaluation.records import Provenance, Summary
-from lightning_putm.evaluation.report import format_table, per_task_rows, write_report
-from lightning_putm.evaluation.runner import SettingResult, evaluate_features, gather_shards, shard_range
-from lightning_putm.evaluation.settings import EvaluationSettings, load_evaluate_config, settings_from_config
+from typing import Any
 
 __all__ = ["EvaluationSettings", "Provenance", "SettingResult", "Summary", "evaluate_features", "format_table",
            "gather_shards", "load_evaluate_config", "per_task_rows", "settings_from_config", "shard_range",
            "write_report"]
+
+#: The names above load on first use: the settings import no torch (a job's config errors and ``--help`` are
+#: found without it), the rest import torch, Lightning and matplotlib.
+_LAZY = {"Provenance": "lightning_putm.evaluation.records", "Summary": "lightning_putm.evaluation.records",
+         "format_table": "lightning_putm.evaluation.report", "per_task_rows": "lightning_putm.evaluation.report",
+         "write_report": "lightning_putm.evaluation.report", "SettingResult": "lightning_putm.evaluation.runner",
+         "evaluate_features": "lightning_putm.evaluation.runner", "gather_shards": "lightning_putm.evaluation.runner",
+         "shard_range": "lightning_putm.evaluation.runner", "EvaluationSettings": "lightning_putm.evaluation.settings",
+         "load_evaluate_config": "lightning_putm.evaluation.settings",
+         "settings_from_config": "lightning_putm.evaluation.settings"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

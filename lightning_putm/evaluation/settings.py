@@ -11,9 +11,8 @@ import copy
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from lightning_putm.config import (Override, Overrides, apply_overrides, apply_trainer_overrides, command_line_value,
@@ -22,13 +21,16 @@ from lightning_putm.config import (Override, Overrides, apply_overrides, apply_t
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.evaluation.presets import PRESET_KEY, apply_presets
 from lightning_putm.loggers import LOGGERS, check_wandb_mode
-from lightning_putm.methods import available_methods, build_method, method_uses_base_mean
-from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.models.timm_pretrained import check_model_name, timm_model_name
-from lightning_putm.pretraining.checkpoints import read_checkpoint
+from lightning_putm.methods.catalog import available_methods, check_method_options
+from lightning_putm.models.timm_names import check_model_name, timm_model_name
 from lightning_putm.runs import run_name
 from lightning_putm.validators import (alpha_label, as_list, choice, did_you_mean, distinct, flag, integer, is_number,
                                        memory_budget, parse_alpha)
+
+if TYPE_CHECKING:  # torch and the methods load once the settings are valid: errors and --help come without them
+    import torch
+
+    from lightning_putm.methods.base import FewShotMethod
 
 DEMO_TASKS = 100
 DEFAULT_TASKS = 1000
@@ -169,6 +171,8 @@ def checkpoint_data_config(path: Any) -> dict[str, Any] | None:
 def _recorded_data_config(path: str, mtime_ns: int, size: int) -> dict[str, Any] | None:
     """The checkpoint's ``data_config``, read once per file version (the console summary asks again, and a
     checkpoint of a large backbone takes seconds to load)."""
+    from lightning_putm.pretraining.checkpoints import read_checkpoint  # torch: only for a checkpoint file
+
     try:
         recorded = (read_checkpoint(path).get("hyper_parameters") or {}).get("data_config")
     except DataError:
@@ -198,6 +202,8 @@ def checkpoint_run_name(checkpoint: Path) -> str:
 
 
 def resolve_device(name: str) -> torch.device:
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -268,7 +274,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     base_features = None if base_features in (None, "") else str(base_features)
     checkpoint = None if cfg.checkpoint in (None, "") else Path(str(cfg.checkpoint))
     if base_features == "auto":  # CL2N from the checkpoint's base classes when a method needs them, else none
-        wanted = checkpoint is not None and any(method_uses_base_mean(m) for m in methods)
+        wanted = checkpoint is not None and any_uses_base_mean(methods)
         base_features = "split:train" if wanted and str(cfg.get("split", "test")) != "train" else None
     if base_features is not None and base_features.startswith(BASE_SPLIT_PREFIX):
         base_split = base_features[len(BASE_SPLIT_PREFIX):]
@@ -297,7 +303,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     output_dir = None if str(cfg.output_dir) == "auto" else Path(str(cfg.output_dir))
     check_method_params(cfg, methods)
     method_params = {name: method_arguments(to_container(cfg.method[name])) for name in methods if name in cfg.method}
-    check_methods_build(methods, method_params, [int(s) for s in shots], alphas)
+    check_methods_options(methods, method_params, [int(s) for s in shots], alphas)
     if base_features is not None and not base_features.startswith(BASE_SPLIT_PREFIX) \
             and not Path(base_features).is_file():
         raise ConfigError(f"base_features: file not found: {base_features}; give a feature file of the base classes "
@@ -317,6 +323,8 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     if plot_task >= tasks:
         raise ConfigError(f"plot_task={plot_task} but there are {tasks} tasks per setting: give an index from 0 to "
                           f"{tasks - 1}")
+    verbose = flag(cfg.verbose, "verbose")
+    check_methods_build(methods, method_params, [int(s) for s in shots], alphas)  # last: it imports the methods
     return EvaluationSettings(
         features=features,
         methods=methods,
@@ -347,7 +355,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         timm_model=timm_model,
         pretrained_file=pretrained_file,
         name=name,
-        verbose=flag(cfg.verbose, "verbose"),
+        verbose=verbose,
     )
 
 
@@ -395,9 +403,28 @@ def check_checkpoint_only_settings(cfg: DictConfig, data_keys: Sequence[str] = (
                           f"drop {'it' if one else 'them'} to evaluate {evaluated}")
 
 
+def any_uses_base_mean(methods: list[str]) -> bool:
+    """Whether one of ``methods`` normalises with a base-class mean (CL2N); reads the classes (imports torch)."""
+    from lightning_putm.methods import method_uses_base_mean
+
+    return any(method_uses_base_mean(name) for name in methods)
+
+
+def check_methods_options(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],
+                          alphas: list[float | None]) -> None:
+    """Check every method's options (``method.putm.rho=high``) for every setting with its settings dataclass, as
+    its constructor will: an error naming the key, before torch is imported or any file is read."""
+    for name in methods:
+        for shot in shots:
+            for balanced in sorted({alpha is None for alpha in alphas}):
+                check_method_options(name, params.get(name, {}), shots=shot, balanced=balanced)
+
+
 def built_methods(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],
                   alphas: list[float | None]) -> Iterator[FewShotMethod]:
     """Every method as each setting builds it (its options resolve per shot count and protocol)."""
+    from lightning_putm.methods import build_method
+
     for name in methods:
         for shot in shots:
             for balanced in sorted({alpha is None for alpha in alphas}):
@@ -406,8 +433,8 @@ def built_methods(methods: list[str], params: dict[str, dict[str, Any]], shots: 
 
 def check_methods_build(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],
                         alphas: list[float | None]) -> None:
-    """Build every method once per setting with its parameters, so a bad value (``method.putm.rho=high``) is
-    an error naming the key now, not after features were loaded and a W&B run was started."""
+    """Build every method once per setting with its parameters, so a value only the constructor checks (UNEM's
+    ``params_file``) is an error naming the key now, not after features were loaded and a W&B run was started."""
     for _ in built_methods(methods, params, shots, alphas):
         pass
 

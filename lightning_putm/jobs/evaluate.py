@@ -2,7 +2,8 @@
 callback → table, CSV files, plots and logger entries.
 
 Order matters for trust: everything a user can get wrong (config keys and values, method parameters, files,
-the checkpoint, Trainer options) is checked before the run folder is created or a W&B run is started.
+the checkpoint, Trainer options) is checked before the run folder is created or a W&B run is started. The config
+is read and checked first, with no torch or Lightning imported yet, so that a mistyped key is reported at once.
 """
 
 from __future__ import annotations
@@ -14,30 +15,29 @@ import signal
 import warnings
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from omegaconf import DictConfig
-from pytorch_lightning.utilities import rank_zero_only
 
 from lightning_putm.config import (Override, Overrides, build_trainer, changed_keys, command_line_value,
                                    to_container, to_yaml)
-from lightning_putm.data.episodes import check_episodes_possible
-from lightning_putm.evaluation.callback import FewShotEvaluationCallback
-from lightning_putm.evaluation.progress import extraction_bar
-from lightning_putm.evaluation.runner import SettingResult
-from lightning_putm.evaluation.report import log_results_artifact
 from lightning_putm.evaluation.settings import (EvaluationSettings, RUN_ROOT, check_methods_accept,
                                                 checkpoint_run_name, load_evaluate_config, settings_from_config)
-from lightning_putm.evaluation.sources import build_feature_source, check_base_features
 from lightning_putm.loggers import WANDB_RUN_FILE, build_logger, console, finish_logger
 from lightning_putm.runs import folder_locked, run_dir
 from lightning_putm.signals import signals_recorded
+
+if TYPE_CHECKING:
+    from lightning_putm.evaluation.callback import FewShotEvaluationCallback
+    from lightning_putm.evaluation.runner import SettingResult
 
 
 def build_evaluation_trainer(settings: EvaluationSettings, callback: FewShotEvaluationCallback,
                              log: Callable[[str], None] = print) -> Any:
     """A Trainer for the test loop (no logger yet): ``trainer.*`` options plus what evaluation fixes itself
     (``log``: where the extraction's progress lines go when no bar is drawn)."""
+    from lightning_putm.evaluation.progress import extraction_bar
+
     return build_trainer(settings.trainer, logger=False, callbacks=[callback, *extraction_bar(settings.progress, log)],
                          enable_checkpointing=False, inference_mode=False, enable_progress_bar=settings.progress,
                          enable_model_summary=False, default_root_dir=str(settings.output_dir or RUN_ROOT))
@@ -95,6 +95,14 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
     summary = describe(cfg, settings)
     cfg.tasks = settings.tasks  # record the resolved values, not `auto`
     cfg.queries = settings.queries
+    # the config is valid: now Lightning, the data and the features
+    from pytorch_lightning.utilities import rank_zero_only
+
+    from lightning_putm.data.episodes import check_episodes_possible
+    from lightning_putm.evaluation.callback import FewShotEvaluationCallback
+    from lightning_putm.evaluation.report import log_results_artifact
+    from lightning_putm.evaluation.sources import build_feature_source, check_base_features
+
     rank_zero = getattr(rank_zero_only, "rank", 0) == 0
     say = console(log) if rank_zero else (lambda _: None)
     for name in ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero"):

@@ -3,7 +3,8 @@
 Order matters for trust: the config, the method's settings, the output paths, both folders, the checkpoint and
 every image are checked before anything is written. Only then are the base-class features for CL2N extracted
 (and cached, as ``evaluate.py`` does), the task solved, the probabilities calibrated on validation tasks and
-the two CSV files written. No logger, no run folder.
+the two CSV files written. No logger, no run folder. The config is checked before torch is imported, so that a
+mistyped key is reported at once.
 """
 
 from __future__ import annotations
@@ -12,20 +13,23 @@ import logging
 import warnings
 from typing import Callable, Sequence
 
-from lightning_putm.methods import build_method
-from lightning_putm.methods.calibration import scale_probabilities, soft_counts
-from lightning_putm.models.timm_pretrained import find_weights, load_timm_backbone
-from lightning_putm.prediction.checkpoint_splits import base_statistics, resolve_calibration
-from lightning_putm.prediction.images import checkpoint_image_reader, extract_features, read_folders, timm_image_reader
-from lightning_putm.prediction.outputs import predict_task, summary_table, write_counts, write_predictions
 from lightning_putm.prediction.settings import PredictResult, load_predict_config, predict_settings
-from lightning_putm.pretraining.checkpoints import load_checkpoint_backbone
 
 
 def run_predict(overrides: Sequence[str], log: Callable[[str], None] = print) -> PredictResult:
     """Run ``evaluate.py predict`` with ``key=value`` overrides; returns what was predicted and written."""
     cfg, method_name = load_predict_config(overrides)
     settings = predict_settings(cfg, method_name)
+    # the config is valid: now torch, the backbone and the methods
+    from lightning_putm.methods import build_method
+    from lightning_putm.methods.calibration import scale_probabilities, soft_counts
+    from lightning_putm.models.timm_pretrained import find_weights, load_timm_backbone
+    from lightning_putm.prediction.checkpoint_splits import base_statistics, resolve_calibration
+    from lightning_putm.prediction.images import (checkpoint_image_reader, extract_features, read_folders,
+                                                  timm_image_reader)
+    from lightning_putm.prediction.outputs import predict_task, summary_table, write_counts, write_predictions
+    from lightning_putm.pretraining.checkpoints import load_checkpoint_backbone
+
     for name in ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero"):
         logging.getLogger(name).setLevel(logging.WARNING)  # "GPU available: ..." banners of the base-split extraction
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=Warning)

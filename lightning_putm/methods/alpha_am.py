@@ -40,20 +40,15 @@ the CPU a task's result does not depend on how many tasks share its chunk (:clas
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 from tqdm.auto import tqdm
 
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.ilpc import signed_power
-from lightning_putm.methods.options import MethodOptions, option, shots_needed
+from lightning_putm.methods.peer_settings import AlphaAMSettings
 from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.tasks import TaskBatch
 
-#: Which parameters Adam learns (the reference's ``--phi``): centroids, plus kernel scales G, edge weights W_b.
-PHI_CHOICES = ("mus", "mus+G", "mus+Wb", "mus+G+Wb")
 #: The reference's guards: ``log(p + 1e-12)`` in the cross-entropy, ``(p + 1e-12)^α`` in the conditional
 #: α-entropy, ``1/sqrt(D + 1e-12)`` for the degrees.
 EPS = 1e-12
@@ -100,63 +95,6 @@ def tsallis(p: torch.Tensor, alpha: float, eps: float = 0.0, integer_powers: boo
     if integer_powers and float(alpha).is_integer() and alpha >= 2:
         return (1.0 - _IntegerPower.apply(p + eps, int(alpha)).sum(-1)) / (alpha - 1.0)
     return (1.0 - (p + eps).pow(alpha).sum(-1)) / (alpha - 1.0)
-
-
-def by_shots(shots: int, one: float, five: float, other: float) -> float:
-    """The reference's per-shot choice: ``one`` at 1 shot, ``five`` at ≥ 5 shots, ``other`` in between."""
-    return one if shots == 1 else five if shots >= 5 else other
-
-
-@dataclass(frozen=True)
-class AlphaAMSettings(MethodOptions):
-    method: ClassVar[str] = "alpha_am"
-
-    alpha: float | None = option(
-        None, low=0, high=1, high_open=True, by_setting="alpha_one_shot at 1 shot, alpha_five_shot at >= 5 shots, "
-        "else alpha_other", why="so that I - alpha*W is invertible",
-        help="label propagation alpha of (I - alpha*W)^-1 Y, also W_b's start; null = by shots")
-    alpha_one_shot: float = option(0.8, low=0, high=1, high_open=True, help="propagation alpha at 1 shot")
-    alpha_five_shot: float = option(0.9, low=0, high=1, high_open=True, help="propagation alpha at >= 5 shots")
-    alpha_other: float = option(0.8, low=0, high=1, high_open=True, help="propagation alpha at 2-4 shots")
-    k: int | None = option(None, low=1, by_setting="k_one_shot at 1 shot, k_five_shot at >= 5 shots, else k_other",
-                           help="kNN neighbours per node; null = by shots")
-    k_one_shot: int = option(20, low=1, help="kNN neighbours at 1 shot")
-    k_five_shot: int = option(10, low=1, help="kNN neighbours at >= 5 shots")
-    k_other: int = option(20, low=1, help="kNN neighbours at 2-4 shots")
-    entropy_alpha: float | None = option(
-        None, low=0, low_open=True, by_setting="entropy_alpha_one_shot at 1 shot, entropy_alpha_five_shot at >= 5 "
-        "shots, else entropy_alpha_other",
-        help="Tsallis order of the marginal and conditional entropies (1 = Shannon); null = by shots")
-    entropy_alpha_one_shot: float = option(2.0, low=0, low_open=True, help="Tsallis order at 1 shot")
-    entropy_alpha_five_shot: float = option(5.0, low=0, low_open=True, help="Tsallis order at >= 5 shots")
-    entropy_alpha_other: float = option(1.0, low=0, low_open=True,
-                                        help="Tsallis order at 2-4 shots (1 = Shannon, the limit of the yaml's 1.0)")
-    temperature: float = option(15.0, low=0, low_open=True, help="scores = temperature * (I - alpha*W)^-1 Y")
-    loss_weights: tuple[float, ...] = option((1.0, 1.0, 1.0), low=0, length=3,
-                                             help="[CE, marginal alpha-entropy, conditional alpha-entropy] weights")
-    lr: float = option(1e-4, low=0, low_open=True, help="Adam learning rate")
-    iterations: int = option(1000, low=0, help="Adam steps")
-    phi: str = option("mus+G+Wb", choices=PHI_CHOICES,
-                      help="parameters learnt: centroids (mus), kernel scales (G), edge weights (Wb)")
-    plc: bool = option(True, help="power, L2, centre, L2 preprocessing (the reference's --plc); false = L2 only")
-    beta: float = option(0.5, low=0, low_open=True, help="power transform sign(x)(|x| + 1e-6)^beta (plc only)")
-    integer_powers: bool = option(
-        False, help="Tsallis powers of integral orders (2, 5) by multiplications, so that on the CPU a task's result "
-        "does not depend on how many tasks share its chunk; false = torch.pow, the reference's")
-
-    def resolve(self, *, shots: int | None, balanced: bool | None) -> AlphaAMSettings:
-        missing = [name for name in ("alpha", "k", "entropy_alpha") if getattr(self, name) is None]
-        if not missing:
-            return self
-        if shots is None:
-            raise shots_needed(self.method, missing)
-        chosen = {
-            "alpha": by_shots(shots, self.alpha_one_shot, self.alpha_five_shot, self.alpha_other),
-            "k": int(by_shots(shots, self.k_one_shot, self.k_five_shot, self.k_other)),
-            "entropy_alpha": by_shots(shots, self.entropy_alpha_one_shot, self.entropy_alpha_five_shot,
-                                      self.entropy_alpha_other),
-        }
-        return self.replace(**{name: chosen[name] for name in missing})
 
 
 class AlphaAM(FewShotMethod):

@@ -54,14 +54,13 @@ batch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from lightning_putm.errors import FeatureError
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.peer_settings import BAVARDAGESettings
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
@@ -178,26 +177,6 @@ def expected_log_likelihood(z: torch.Tensor, means: torch.Tensor, beta: torch.Te
 
 
 # ----------------------------------------------------------------------------------------- method
-@dataclass(frozen=True)
-class BAVARDAGESettings(MethodOptions):
-    method: ClassVar[str] = "bavardage"
-
-    vb_temperature: float = option(40.0, low=0, low_open=True,
-                                   help="T_vb = 1/sigma^2 of the isotropic Gaussians (mini-ImageNet/CIFAR-FS value)")
-    clip: float = option(1.0, low=0, low_open=True, help="cap on the whitening scale lambda^-1/2")
-    km_temperature: float = option(10.0, low=0, low_open=True, help="T_km of the soft k-means initialisation")
-    km_iterations: int = option(5, low=1, help="soft k-means iterations")
-    vb_iterations: int = option(5, low=0, help="variational-Bayes EM iterations")
-    beta0: float = option(10.0, low=0, low_open=True, help="prior precision factor of the class means")
-    dirichlet_prior: float = option(1.0, low=0, low_open=True,
-                                    help="alpha_0 of the symmetric Dirichlet prior on the class weights (flat)")
-    oracle_dirichlet_alpha: float | None = option(
-        None, low=0, low_open=True, null="off",
-        help="ORACLE: the benchmark's sampling alpha as prior; setting it marks results oracle_prior=true")
-    covariance_ridge: float = option(1e-6, low=0, help="added to the base within-class scatter before inversion")
-    task_centring: bool = option(True, help="without base_features: centre on the mean of the task's own rows")
-
-
 class BAVARDAGE(FewShotMethod):
     """BAVARDAGE with a flat Dirichlet prior (fair default), or labelled oracle priors."""
 

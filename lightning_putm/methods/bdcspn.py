@@ -35,18 +35,13 @@ benchmark do.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 import torch.nn.functional as F
 
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.peer_settings import BDCSPNSettings
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
-
-VARIANTS = ("benchmark", "paper")
 
 
 def cosine(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
@@ -120,19 +115,6 @@ def rectify_prototypes(
     scores = (temperature * cosine(rows, prototypes)).masked_fill(~membership, float("-inf"))
     weights = torch.softmax(scores, dim=1)  # over the members of each class's set; support rows keep it finite
     return weights.transpose(1, 2).bmm(rows)
-
-
-@dataclass(frozen=True)
-class BDCSPNSettings(MethodOptions):
-    method: ClassVar[str] = "bdcspn"
-
-    variant: str = option("benchmark", choices=VARIANTS,
-                          help="benchmark = the realistic-imbalance benchmark's code (PUTM's Table 1); paper = the "
-                               "paper's rectification and cosine classifier")
-    temperature: float = option(10.0, low=0, low_open=True,
-                                help="epsilon of the rectification weights and of the output softmax")
-    top_z: int | None = option(None, low=0, null="all pseudo-labelled queries",
-                               help="pseudo-labelled queries kept per class: null = all, else the top_z most similar")
 
 
 class BDCSPN(FewShotMethod):

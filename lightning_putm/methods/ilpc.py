@@ -62,18 +62,14 @@ generator draws the discarded weight initialisation first, exactly as ``torch.nn
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.peer_settings import ILPCSettings
 from lightning_putm.methods.preprocessing import POWER_EPS, l2_normalise
 from lightning_putm.tasks import TaskBatch
-
-BALANCE_CHOICES = ("auto", "uniform", "none")
 
 
 def signed_power(x: torch.Tensor, beta: float) -> torch.Tensor:
@@ -143,31 +139,6 @@ def select_per_class(loss: torch.Tensor, labels: torch.Tensor, candidates: torch
     chosen = torch.zeros(t, ways, q, dtype=torch.bool, device=loss.device)
     chosen.scatter_(2, order, torch.isfinite(values))
     return chosen.any(1)
-
-
-@dataclass(frozen=True)
-class ILPCSettings(MethodOptions):
-    method: ClassVar[str] = "ilpc"
-
-    balance: str = option("auto", choices=BALANCE_CHOICES,
-                          help="class balancing of the pseudo-labels: auto = uniform on balanced tasks, none on "
-                               "Dirichlet tasks; uniform = Sinkhorn to Q/N per class; none = argmax")
-    alpha: float = option(0.8, low=0, high=1, high_open=True, why="so that I - alpha*W is invertible",
-                          help="label propagation alpha of (I - alpha*W)^-1 Y")
-    k: int = option(20, low=1, help="kNN neighbours of the graph")
-    positive_affinity: bool = option(True, help="affinity [s]_+^gamma; false = the iLPC code's s^gamma")
-    gamma: float = option(3.0, low=0, low_open=True, help="affinity = similarity^gamma")
-    power: float = option(3.0, low=0, low_open=True, help="scores^power before Sinkhorn")
-    sinkhorn_passes: int = option(1, low=1, help="power + Sinkhorn passes")
-    sinkhorn_eps: float = option(1e-6, low=0, low_open=True, help="Sinkhorn stop tolerance on the row sums")
-    sinkhorn_max_iters: int = option(1000, low=1, help="Sinkhorn iteration cap (all passes)")
-    best_samples: int = option(3, low=1, help="queries moved per class per round")
-    min_moved: int = option(5, low=1, help="stop a task when fewer queries would move")
-    denoising_iterations: int = option(100, low=1, help="SGD steps of the cleaning classifier per round")
-    lr: float = option(0.1, low=0, low_open=True, help="cleaning SGD learning rate")
-    momentum: float = option(0.9, low=0, high=1, high_open=True, help="cleaning SGD momentum")
-    weight_decay: float = option(5e-4, low=0, help="cleaning SGD weight decay (weights and bias)")
-    beta: float = option(0.5, low=0, low_open=True, help="power transform sign(x)(|x| + 1e-6)^beta")
 
 
 class ILPC(FewShotMethod):

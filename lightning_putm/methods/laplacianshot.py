@@ -43,21 +43,13 @@ Choices, documented:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 
-from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.bdcspn import exact_squared_distances, rectify_prototypes_benchmark
-from lightning_putm.methods.options import MethodOptions, option, shots_needed
+from lightning_putm.methods.peer_settings import LaplacianShotSettings
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
-
-
-AFFINITIES = ("directed", "symmetric")
-ENERGIES = ("benchmark", "half")
 
 
 def knn_affinity(x: torch.Tensor, knn: int, symmetric: bool = False) -> torch.Tensor:
@@ -83,42 +75,6 @@ def laplacian_energy(y: torch.Tensor, unary: torch.Tensor, affinity: torch.Tenso
     entropy = (y * y.clamp_min(1e-20).log()).sum((1, 2))
     pairwise = (affinity.bmm(y) * y).sum((1, 2))
     return entropy + (unary * y).sum((1, 2)) - pairwise_scale * lmd * pairwise
-
-
-@dataclass(frozen=True)
-class LaplacianShotSettings(MethodOptions):
-    method: ClassVar[str] = "laplacianshot"
-
-    knn: int = option(3, low=1, help="neighbourhood size counting the query itself (benchmark: 3)")
-    affinity: str = option("directed", choices=AFFINITIES,
-                           help="directed = benchmark's W = A (not symmetric); symmetric = (A + A^T)/2")
-    lmd: float | None = option(None, low=0, by_setting="lmd_balanced on balanced tasks, else lmd_dirichlet",
-                               help="Laplacian weight; null = by setting from lmd_dirichlet / lmd_balanced")
-    lmd_dirichlet: tuple[float, ...] = option((1.0, 0.7), low=0, length=2,
-                                              help="lmd on Dirichlet tasks: [1 shot, more shots]")
-    lmd_balanced: tuple[float, ...] = option((0.7, 0.3), low=0, length=2,
-                                             help="lmd on balanced tasks: [1 shot, more shots]")
-    iterations: int = option(20, low=0, help="maximum number of bound updates")
-    tol: float = option(1e-6, low=0, help="stop a task when |E_new - E_old| <= tol * |E_old|")
-    energy: str = option("benchmark", choices=ENERGIES,
-                         help="stopping energy: benchmark, or half = pairwise term weighted by lmd/2")
-    proto_rect: bool | None = option(None, by_setting="true on balanced tasks, false on Dirichlet tasks",
-                                     help="BD-CSPN rectified prototypes; null = on balanced tasks only (benchmark)")
-    rect_temperature: float = option(10.0, low=0, low_open=True, help="epsilon of that rectification")
-
-    def resolve(self, *, shots: int | None, balanced: bool | None) -> LaplacianShotSettings:
-        changes: dict[str, object] = {}
-        if self.lmd is None:
-            if shots is None:
-                raise shots_needed(self.method, ["lmd"])
-            if balanced is None:
-                raise ConfigError("laplacianshot: the protocol (balanced) is needed to choose lmd; set "
-                                  "method.laplacianshot.lmd")
-            table = self.lmd_balanced if balanced else self.lmd_dirichlet
-            changes["lmd"] = table[0] if shots == 1 else table[1]
-        if self.proto_rect is None:  # the benchmark's per-protocol choice: rectify on balanced tasks only
-            changes["proto_rect"] = bool(balanced)
-        return self.replace(**changes) if changes else self
 
 
 class LaplacianShot(FewShotMethod):

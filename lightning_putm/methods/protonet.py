@@ -8,23 +8,12 @@ transductive methods add on top of the same prototypes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.peer_settings import ProtoNetSettings
 from lightning_putm.methods.preprocessing import squared_distances
 from lightning_putm.tasks import TaskBatch
-
-
-@dataclass(frozen=True)
-class ProtoNetSettings(MethodOptions):
-    method: ClassVar[str] = "protonet"
-
-    temperature: float = option(1.0, low=0, low_open=True, help="probabilities = softmax(-temperature * "
-                                "||x - mean_k||^2); does not change the prediction")
 
 
 class ProtoNet(FewShotMethod):

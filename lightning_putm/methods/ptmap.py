@@ -21,13 +21,10 @@ other tasks in its batch).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.peer_settings import PTMAPSettings
 from lightning_putm.methods.preprocessing import check_power_transform_input, l2_normalise, power_transform, qr_reduce
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
@@ -62,20 +59,6 @@ def sinkhorn(
         scaled = scaled * (column_sums / scaled.sum(1).clamp_min(tiny)).unsqueeze(1)
         plan = torch.where(active.view(-1, 1, 1), scaled, plan)
     return plan
-
-
-@dataclass(frozen=True)
-class PTMAPSettings(MethodOptions):
-    method: ClassVar[str] = "ptmap"
-
-    beta: float = option(0.5, low=0, low_open=True,
-                         help="power transform (x + 1e-6)^beta; features must be non-negative")
-    lam: float = option(10.0, low=0, low_open=True, help="Sinkhorn on exp(-lam * squared distance)")
-    inertia: float = option(0.2, low=0, high=1, help="centre update mu <- mu + inertia * (estimate - mu)")
-    iterations: int = option(20, low=0, help="MAP iterations (a final transport plan gives the probabilities)")
-    sinkhorn_eps: float = option(1e-6, low=0, low_open=True,
-                                 help="per-task Sinkhorn stop when the row sums move by at most this")
-    sinkhorn_max_iters: int = option(1000, low=1, help="Sinkhorn iteration cap")
 
 
 class PTMAP(FewShotMethod):

@@ -11,23 +11,12 @@ the prediction is the nearest mean whatever the temperature.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 
 from lightning_putm.methods.base import FewShotMethod, nearest_mean_probabilities
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.peer_settings import SimpleShotSettings
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
-
-
-@dataclass(frozen=True)
-class SimpleShotSettings(MethodOptions):
-    method: ClassVar[str] = "simpleshot"
-
-    temperature: float = option(10.0, low=0, low_open=True,
-                                help="softmax temperature on -squared distance; does not change the prediction")
 
 
 class SimpleShot(FewShotMethod):

@@ -22,14 +22,11 @@ The ``−T/2·‖z‖²`` part of the logits is constant per row and cancels in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import torch
 from tqdm.auto import tqdm
 
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.options import MethodOptions, option, shots_needed
+from lightning_putm.methods.peer_settings import AlphaTIMSettings, TIMSettings
 from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.tasks import TaskBatch
 
@@ -71,30 +68,6 @@ def _adam(weights: torch.Tensor, lr: float) -> torch.optim.Adam:
         return torch.optim.Adam([weights], lr=lr, fused=True)
     except (RuntimeError, ValueError, TypeError):
         return torch.optim.Adam([weights], lr=lr)
-
-
-LOSS_WEIGHTS_HELP = "[CE, H(Y_Q), H(Y_Q|X_Q)] weights"
-
-
-@dataclass(frozen=True)
-class TIMSettings(MethodOptions):
-    method: ClassVar[str] = "tim"
-
-    temperature: float = option(15.0, low=0, low_open=True, help="T of the logits -T/2 ||z - w_k||^2")
-    loss_weights: tuple[float, ...] | None = option(
-        None, low=0, length=3, by_setting="loss_weights_balanced on balanced tasks, else loss_weights_dirichlet",
-        help=f"{LOSS_WEIGHTS_HELP}; null = loss_weights_balanced on balanced tasks, else loss_weights_dirichlet")
-    loss_weights_dirichlet: tuple[float, ...] = option(
-        (1.0, 1.0, 1.0), low=0, length=3, help=f"{LOSS_WEIGHTS_HELP} on Dirichlet tasks (realistic-imbalance benchmark)")
-    loss_weights_balanced: tuple[float, ...] = option(
-        (0.1, 1.0, 0.1), low=0, length=3, help=f"{LOSS_WEIGHTS_HELP} on balanced tasks (TIM paper)")
-    lr: float = option(1e-4, low=0, low_open=True, help="Adam learning rate")
-    iterations: int = option(1000, low=0, help="Adam steps")
-
-    def resolve(self, *, shots: int | None, balanced: bool | None) -> TIMSettings:
-        if self.loss_weights is not None:
-            return self
-        return self.replace(loss_weights=self.loss_weights_balanced if balanced else self.loss_weights_dirichlet)
 
 
 class TIMGD(FewShotMethod):
@@ -156,32 +129,6 @@ class TIMGD(FewShotMethod):
             final = self.objective(self.logits(rows, weights), one_hot)
         self.last_state = {"objective": history, "final_objective": final, "weights": weights.detach()}
         return probs
-
-
-@dataclass(frozen=True)
-class AlphaTIMSettings(MethodOptions):
-    method: ClassVar[str] = "alpha_tim"
-
-    alpha: float | None = option(
-        None, low=0, low_open=True, by_setting="alpha_one_shot at 1 shot, alpha_five_shot at >= 5 shots, else "
-        "alpha_other", help="Tsallis order; null = alpha_one_shot at 1 shot, alpha_five_shot at >= 5 shots, "
-        "else alpha_other")
-    alpha_one_shot: float = option(2.0, low=0, low_open=True, help="Tsallis order at 1 shot")
-    alpha_five_shot: float = option(7.0, low=0, low_open=True, help="Tsallis order at >= 5 shots")
-    alpha_other: float = option(5.0, low=0, low_open=True, help="Tsallis order at 2-4 shots")
-    temperature: float = option(15.0, low=0, low_open=True, help="T of the logits -T/2 ||z - w_k||^2")
-    loss_weights: tuple[float, ...] = option((1.0, 1.0, 1.0), low=0, length=3,
-                                             help="[CE, marginal alpha-entropy, conditional alpha-entropy] weights")
-    lr: float = option(1e-4, low=0, low_open=True, help="Adam learning rate")
-    iterations: int = option(1000, low=0, help="Adam steps")
-
-    def resolve(self, *, shots: int | None, balanced: bool | None) -> AlphaTIMSettings:
-        if self.alpha is not None:
-            return self
-        if shots is None:
-            raise shots_needed(self.method, ["alpha"])
-        return self.replace(alpha=self.alpha_one_shot if shots == 1 else self.alpha_five_shot if shots >= 5
-                            else self.alpha_other)
 
 
 class AlphaTIM(TIMGD):

@@ -36,25 +36,20 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.options import MethodOptions, option
+from lightning_putm.methods.peer_settings import DEFAULT_LAYERS, PRESETS, UNEMSettings
 from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.methods.unem_presets import PUBLISHED
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
-#: ``initial`` = the reference model's initial values (``gamma=1.0, t1=1.0, t2=1.0`` in ``U_Paddle_EMBT``).
-PRESETS = ("mini_resnet18", "tiered_resnet18", "cub_resnet18", "mini_wideres", "tiered_wideres", "initial")
-NORMALISATIONS = ("none", "l2")
 #: The ``+ 1e-6`` inside the log of the class proportions (reference ``V = log(U.sum(1)/n_query + 1e-6) + 1``).
 PROPORTION_EPS = 1e-6
-#: The number of unrolled layers of the published models.
-DEFAULT_LAYERS = 10
 PARAMS_FORMAT = "lightning-putm/unem-gaussian/1"
 
 
@@ -174,21 +169,6 @@ def unem_forward(support: torch.Tensor, support_one_hot: torch.Tensor, query: to
         totals = query.transpose(1, 2).bmm(assignments).transpose(1, 2) + support_sums
         prototypes = totals / (assignments.sum(1) + counts).unsqueeze(2)
     return assignments
-
-
-@dataclass(frozen=True)
-class UNEMSettings(MethodOptions):
-    method: ClassVar[str] = "unem"
-
-    learned: str = option("mini_resnet18", choices=PRESETS,
-                         help="parameters when params_file is null: the authors' published values for a "
-                              "dataset_backbone (nearest published shot count), or initial (untrained t1=gamma=t2=1)")
-    params_file: str | None = option(None, null="use learned",
-                                     help="learned parameters (overrides learned): a JSON from `python -m "
-                                          "lightning_putm fit-unem` (fitted on your validation classes) or "
-                                          "the authors' .pt; {shots} in the name becomes the number of shots")
-    normalise: str = option("none", choices=NORMALISATIONS,
-                            help="feature rows before UNEM: none = as given (the reference), l2 = unit norm")
 
 
 class UNEM(FewShotMethod):

@@ -14,7 +14,6 @@ The helpers here save and read the result as a small JSON (``save_params``; read
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,30 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from lightning_putm.atomic import atomic_write_text
-from lightning_putm.methods.unem import DEFAULT_LAYERS, PARAMS_FORMAT, UNEMParams, unem_forward
+from lightning_putm.methods.peer_settings import LOSSES, FitSettings
+from lightning_putm.methods.unem import PARAMS_FORMAT, UNEMParams, unem_forward
 from lightning_putm.tasks import TaskBatch
-
-LOSSES = ("reference", "nll")
-
-
-@dataclass(frozen=True)
-class FitSettings:
-    """The reference trainer's settings (``config/main_config.yaml`` ``U_TRAIN``, ``unroll_trainer.py``)."""
-
-    layers: int = DEFAULT_LAYERS  # train_n_layers
-    iterations: int = 100  # train_iter
-    lr: float = 0.1  # train_lr (Adam)
-    step_size: int = 50  # StepLR(step_size=50, gamma=0.5)
-    step_gamma: float = 0.5
-    initial: float = 1.0  # U_Paddle_EMBT(gamma=1.0, t1=1.0, t2=1.0)
-    loss: str = "reference"  # CE on the output probabilities (reference) | nll
-    normalise: str = "none"  # as UNEMSettings.normalise: the features the parameters are learned for
-
-    def __post_init__(self) -> None:
-        if self.loss not in LOSSES:
-            raise ValueError(f"loss must be one of {', '.join(LOSSES)}, got {self.loss!r}")
-        if self.layers < 1 or self.iterations < 0 or not self.lr > 0:
-            raise ValueError("layers >= 1, iterations >= 0 and lr > 0 are required")
 
 
 def unrolling_loss(probabilities: torch.Tensor, labels: torch.Tensor, loss: str = "reference") -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Pretrained timm models as backbones: ``checkpoint=timm:<model name>`` in ``evaluate.py`` and ``evaluate.py predict``.
 
-* :func:`check_model_name` — the name must be a timm architecture (``resnet50``) or a pretrained tag of one
-  (``resnet50.a1_in1k``); a misspelling gets the closest names of ``timm.list_models``.
+* :func:`~lightning_putm.models.timm_names.check_model_name` — the name, checked first; in its own module, which
+  imports no torch, so that the jobs' settings check it at start-up.
 * :func:`find_weights` — where the weights come from, decided before anything is written: ``pretrained_file=<path>``
   (no network), else the file timm would download, found in the Hugging Face hub cache (or torch hub's, for the few
   models hosted elsewhere); only when it is not cached and the network answers is it downloaded. With
@@ -29,11 +29,8 @@ from urllib.parse import urlparse
 import torch
 from PIL import Image
 
-from lightning_putm.errors import ConfigError, DataError
-from lightning_putm.validators import did_you_mean
+from lightning_putm.errors import DataError
 
-#: ``checkpoint=timm:<model name>`` selects a timm model instead of a ``train_backbone.py`` checkpoint.
-TIMM_PREFIX = "timm:"
 #: How long the hub's host may take to accept a connection before the network counts as absent.
 PROBE_SECONDS = 3.0
 #: Weights files the hub holds for a timm model, in timm's order of preference (safetensors first).
@@ -43,33 +40,6 @@ STATE_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model")
 #: How many key names an error lists.
 LISTED_KEYS = 5
 _TRUE = {"1", "ON", "YES", "TRUE"}
-
-
-def timm_model_name(checkpoint: Any) -> str | None:
-    """The model name of ``checkpoint=timm:<name>``, or ``None`` for any other checkpoint value."""
-    text = "" if checkpoint is None else str(checkpoint).strip()
-    return text[len(TIMM_PREFIX):].strip() if text.startswith(TIMM_PREFIX) else None
-
-
-def check_model_name(name: str) -> str:
-    """``name`` when timm knows it (an architecture, or ``<architecture>.<pretrained tag>``), else a ConfigError
-    with the closest names."""
-    import timm
-
-    if not name:
-        raise ConfigError("checkpoint=timm: needs a model name, e.g. checkpoint=timm:resnet50.a1_in1k")
-    arch, _, tag = name.partition(".")
-    if not timm.is_model(arch):
-        raise ConfigError(f"checkpoint=timm:{name}: timm has no model {arch!r}; "
-                          f"{did_you_mean(arch, timm.list_models(), prefix='timm:')}see timm.list_models() for "
-                          "every name (timm.list_pretrained() for those with weights)")
-    if tag:
-        tags = timm.list_pretrained(f"{arch}.*")
-        if name not in tags:
-            listed = ", ".join(tags[:8]) + (" …" if len(tags) > 8 else "") if tags else "(none)"
-            raise ConfigError(f"checkpoint=timm:{name}: {arch} has no pretrained tag {tag!r}; "
-                              f"{did_you_mean(name, tags, prefix='timm:')}its tags: {listed}")
-    return name
 
 
 def pretrained_config(name: str) -> Any:

@@ -10,22 +10,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
-import torch
 from omegaconf import DictConfig
 
 from lightning_putm.config import (Override, Overrides, apply_overrides, conf_dir, group_options, load_group,
                                    load_yaml, to_container)
 from lightning_putm.errors import ConfigError
-from lightning_putm.evaluation.calibration import Calibration
 from lightning_putm.evaluation.presets import apply_presets
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, check_method_params, method_arguments, resolve_device
 from lightning_putm.help import format_rows, help_width, paragraph, rows, usage, yaml_comments
-from lightning_putm.methods import available_methods, build_method
-from lightning_putm.models.timm_pretrained import check_model_name, timm_model_name
-from lightning_putm.prediction.images import PredictionImages
+from lightning_putm.methods.catalog import available_methods, check_method_options
+from lightning_putm.models.timm_names import check_model_name, timm_model_name
 from lightning_putm.validators import did_you_mean, integer, memory_budget
+
+if TYPE_CHECKING:  # torch loads once the settings are valid: config errors and --help come without it
+    import torch
+
+    from lightning_putm.evaluation.calibration import Calibration
+    from lightning_putm.prediction.images import PredictionImages
 
 REQUIRED = {"checkpoint": "a .ckpt written by train_backbone.py", "support": "a folder with one sub-folder per class",
             "query": "a folder of unlabelled images"}
@@ -118,7 +121,7 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
                               f"timm:{timm_model}, or drop it to use timm's hub cache")
     check_method_params(cfg, [method])
     params = method_arguments(to_container(cfg.method[method]))
-    build_method(method, params, shots=1, balanced=False)  # a bad method.<name>.* value fails now
+    check_method_options(method, params, shots=1, balanced=False)  # a bad method.<name>.* value fails now
     output = _output_path(cfg.output, "output")
     counts_output = output.with_name(f"{output.stem}_counts.csv") if cfg.counts_output in (None, "") else \
         _output_path(cfg.counts_output, "counts_output")
@@ -134,14 +137,19 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
         raise ConfigError(f"base_features: file not found: {base}; give auto, split:train, a feature file of the base "
                           "classes from the same backbone, or null")
     calibration = calibration_choice(cfg.get("calibration", "auto"), timm_model)
+    batch_size, seed = integer(cfg.batch_size, "batch_size", 1), integer(cfg.seed, "seed", 0)
+    budget = memory_budget(cfg.memory_budget_mb)
+    calibration_tasks = integer(cfg.get("calibration_tasks", 200), "calibration_tasks", 1)
+    from lightning_putm.methods import build_method  # last, as it imports the methods (and torch)
+
+    build_method(method, params, shots=1, balanced=False)  # a value only the constructor checks (UNEM's params_file)
     return PredictSettings(
         checkpoint=checkpoint, support=support, query=query, method=method, method_params=params, output=output,
         counts_output=counts_output, base_features=base,
         data_root=None if cfg.data_root in (None, "") else str(cfg.data_root),
-        feature_cache_dir=Path(str(cfg.feature_cache_dir)), batch_size=integer(cfg.batch_size, "batch_size", 1),
-        seed=integer(cfg.seed, "seed", 0), device=resolve_device(str(cfg.device)),
-        memory_budget_mb=memory_budget(cfg.memory_budget_mb), timm_model=timm_model, pretrained_file=pretrained_file,
-        calibration=calibration, calibration_tasks=integer(cfg.get("calibration_tasks", 200), "calibration_tasks", 1),
+        feature_cache_dir=Path(str(cfg.feature_cache_dir)), batch_size=batch_size, seed=seed,
+        device=resolve_device(str(cfg.device)), memory_budget_mb=budget, timm_model=timm_model,
+        pretrained_file=pretrained_file, calibration=calibration, calibration_tasks=calibration_tasks,
     )
 
 

@@ -16,8 +16,6 @@ import argparse
 import csv
 from pathlib import Path
 
-from lightning_putm.studies.tune import select_best
-
 
 class Row:
     def __init__(self, point: dict[str, str], metric: float) -> None:
@@ -48,6 +46,8 @@ def combine(folders: list[Path], goal: str = "maximize", prefer: tuple[str, str]
                     key=lambda p: tuple(float(v) for v in p))
     worst = min if goal == "maximize" else max
     rows = [Row(dict(zip(keys, p)), worst(s[2][p] for s in summaries)) for p in points]
+    from lightning_putm.studies.tune import select_best  # the tune wing imports the evaluation: not for --help
+
     best, tied = select_best(rows, goal, prefer)
     lines = [f"metric `{metric}`, worst over {len(folders)} validation sets", "",
              "| " + " | ".join(keys) + " | " + " | ".join(f"`{f}`" for f in folders) + " | worst |",

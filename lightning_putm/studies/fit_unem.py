@@ -17,15 +17,14 @@ import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
-
-from lightning_putm.data.episodes import sample_episode_bank
-from lightning_putm.features import FeatureSet, load_features
-from lightning_putm.methods.unem import UNEMParams, load_params
-from lightning_putm.methods.unem_fit import FitSettings, fit_params, save_params
+from lightning_putm.methods.peer_settings import FitSettings
 from lightning_putm.validators import parse_alpha
+
+if TYPE_CHECKING:  # the fit imports torch and the data itself: --help needs neither
+    from lightning_putm.features import FeatureSet
+    from lightning_putm.methods.unem import UNEMParams
 
 DEFAULT_CACHE = Path("outputs") / "unem_params"
 
@@ -46,6 +45,10 @@ def fit_unem_cached(feature_set: FeatureSet, shots: int, *, ways: int = 5, queri
     """Fit on ``tasks`` seeded ``ways``-way ``shots``-shot episodes of ``feature_set`` (validation classes; Dirichlet
     ``alpha``, ``None`` = balanced) and write the JSON to ``out`` (default ``cache_dir/unem_<key>.json``). An existing
     file with the same key is read instead of fitting again."""
+    from lightning_putm.data.episodes import sample_episode_bank
+    from lightning_putm.methods.unem import load_params
+    from lightning_putm.methods.unem_fit import fit_params, save_params
+
     episodes = {"ways": ways, "shots": shots, "queries": queries, "alpha": alpha, "tasks": tasks, "seed": seed}
     key = fit_key(feature_set, episodes, settings)
     path = Path(out) if out is not None else Path(cache_dir) / f"unem_{key}.json"
@@ -86,6 +89,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
                                                     f"{DEFAULT_CACHE}/unem_<key>.json)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     args = parser.parse_args(argv)
+    import torch
+
+    from lightning_putm.features import load_features
+
     if args.threads:
         torch.set_num_threads(args.threads)
     alpha = parse_alpha(args.alpha, "--alpha")

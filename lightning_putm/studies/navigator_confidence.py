@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from lightning_putm.config import conf_dir
-from lightning_putm.data.digits import digits_feature_set
-from lightning_putm.data.episodes import sample_episode_bank
-from lightning_putm.features.files import FeatureSet, load_features
-from lightning_putm.methods.putm import PUTM
-from lightning_putm.tasks import TaskBatch, weighted_class_means
 from lightning_putm.validators import parse_alpha
+
+if TYPE_CHECKING:  # the functions that compute import torch and the data themselves: --help needs neither
+    import torch
+
+    from lightning_putm.features.files import FeatureSet
+    from lightning_putm.methods.putm import PUTM
+    from lightning_putm.tasks import TaskBatch
 
 #: the PUTM presets' folder, below the config folder (``conf/`` or ``$LIGHTNING_PUTM_CONF``)
 PRESETS = Path("method") / "presets" / "putm"
@@ -46,6 +47,10 @@ def confidence_stats(probabilities: torch.Tensor, query_labels: torch.Tensor) ->
 
 def nearest_mean_labels(solver: PUTM, tasks: TaskBatch) -> torch.Tensor:
     """``[T, Q]`` labels of the nearest support mean in PUTM's preprocessed space (its first E-step's prototypes)."""
+    import torch
+
+    from lightning_putm.tasks import weighted_class_means
+
     rows = solver.preprocess(tasks)
     prototypes = weighted_class_means(rows[:, : tasks.num_support], tasks.one_hot_support())
     return torch.cdist(rows[:, tasks.num_support:], prototypes).argmin(dim=2)
@@ -74,6 +79,9 @@ def preset_options(name: str, overrides: list[str]) -> dict:
 
 
 def load_feature_set(source: str) -> FeatureSet:
+    from lightning_putm.data.digits import digits_feature_set
+    from lightning_putm.features.files import load_features
+
     return digits_feature_set() if source == "demo" else load_features(source, setting="--features")
 
 
@@ -81,6 +89,9 @@ def measure(feature_set: FeatureSet, options: dict, shots: int, alpha: float | N
             seed: int = 0) -> tuple[float, float, float, float]:
     """PUTM's accuracy and confidence, the nearest mean's accuracy and its agreement with PUTM (all %), on
     ``tasks`` 5-way episodes drawn as ``evaluate.py`` draws them."""
+    from lightning_putm.data.episodes import sample_episode_bank
+    from lightning_putm.methods.putm import PUTM
+
     bank = sample_episode_bank(feature_set.labels, 5, shots, queries, alpha, tasks, seed=seed)
     gathered = bank.gather(feature_set.features)
     solver = PUTM(shots=shots, balanced=alpha is None, **options)

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-GEMM_MIN_WIDTH = 8
+from lightning_putm.methods.putm.settings import GEMM_MIN_WIDTH
 
 
 class Navigator:

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import torch
 
-PRECISIONS = ("auto", "fp32", "tf32", "bf16")
+from lightning_putm.methods.putm.settings import PRECISIONS
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -4,6 +4,9 @@ Defaults follow the reference implementation (github.com/RashLog/PUTM) and the p
 details): power transform β = 0.6; CT weight ρ = 0.5 on Dirichlet-imbalanced tasks and 1.0 on balanced ones;
 balance weight θ = 0 on imbalanced and 0.001 on balanced tasks; prototype inertia a = 0.2 at 1 shot and 0.1
 otherwise; 50 EM steps of 30 Adam steps (lr 1e-3, betas (0.5, 0.99)); navigator widths 128 → 64 → 1.
+
+This module imports no torch (nor does the package's ``__init__``), so that ``--help`` and the config checks read
+PUTM's options without loading the solver.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ from typing import Any, ClassVar
 
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.options import MethodOptions, option, shots_needed
-from lightning_putm.methods.putm.navigator import GEMM_MIN_WIDTH
-from lightning_putm.methods.putm.precision import PRECISIONS
 
+#: A navigator layer narrower than this is stored zero-padded to it (:class:`~.navigator.Navigator`); every
+#: solver but ``autograd`` needs hidden widths of at least this.
+GEMM_MIN_WIDTH = 8
+#: ``precision``: the navigator products' arithmetic (:mod:`.precision`).
+PRECISIONS = ("auto", "fp32", "tf32", "bf16")
 PROTOTYPE_UPDATES = ("forward", "backward", "mixed")
 SOLVERS = ("auto", "compiled", "fused", "autograd", "triton")
 INIT_DRAWS = ("cpu", "device")
