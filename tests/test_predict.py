@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 
@@ -268,6 +269,32 @@ def test_calibration_can_be_given_turned_off_or_fall_back_with_a_notice(omniglot
     with pytest.raises(DataError, match="omniglot"):  # split:val insists
         _predict(omniglot_checkpoint, support, query, tmp_path, "method=protonet", f"data_root={empty}",
                  "calibration=split:val")
+
+
+def test_unem_fits_its_default_on_the_checkpoints_validation_classes(omniglot_checkpoint: Path, folders,
+                                                                     tmp_path: Path, single_thread) -> None:
+    """``learned=auto`` in predict: fitted (cached) for the user's task shape (4 classes, 1 shot at the smallest)
+    on the 6 validation characters, else the untrained start with one notice. Kills: predict's UNEM left at the
+    untrained start (or the published values) where validation classes exist, a fit of another task shape, the
+    fitted file not the one used, no notice (or a fit) where the validation split cannot be read."""
+    support, query, _ = folders
+    options = ("method=unem", "method.unem.fit_tasks=5", "calibration=null")
+    fitted, lines = _predict(omniglot_checkpoint, support, query, tmp_path, *options)
+    assert any(line.startswith("validation features: extracting the val split of omniglot (120 images)")
+               for line in lines), lines
+    [file] = (tmp_path / "cache" / "unem").glob("auto-*-1shot.json")
+    meta = json.loads(file.read_text())["meta"]
+    assert meta["fit"]["ways"] == 4 and meta["shots"] == 1 and meta["fit"]["tasks"] == 5
+    given, _ = _predict(omniglot_checkpoint, support, query, tmp_path, "method=unem", f"method.unem.params_file={file}",
+                        "calibration=null")
+    assert torch.equal(given.raw_probabilities, fitted.raw_probabilities)
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    untrained, lines = _predict(omniglot_checkpoint, support, query, tmp_path, *options, f"data_root={empty}")
+    assert [line for line in lines if line.startswith("notice: unem uses its untrained start")], lines
+    initial, _ = _predict(omniglot_checkpoint, support, query, tmp_path, "method=unem", "method.unem.learned=initial",
+                          "calibration=null")
+    assert torch.equal(untrained.raw_probabilities, initial.raw_probabilities)
 
 
 @pytest.mark.parametrize(("value", "message"), [

@@ -165,9 +165,10 @@ def test_normalise_l2_is_scale_invariant_and_none_is_not() -> None:
 # ------------------------------------------------------------------------------------------------ parameters
 @pytest.mark.parametrize("shots, published", [(1, 1), (2, 1), (3, 5), (5, 5), (7, 5), (15, 20), (40, 20)])
 def test_learned_values_come_from_the_nearest_published_shot_count(shots: int, published: int) -> None:
-    """Kills: another preset by default, nearest shot count on a linear scale (3 → 1 or 15 → 10), raw and softplus
-    values mixed up (the table holds raw values, as the authors' state dicts)."""
-    method = UNEM(shots=shots)
+    """Kills: another preset under its name, nearest shot count on a linear scale (3 → 1 or 15 → 10), raw and
+    softplus values mixed up (the table holds raw values, as the authors' state dicts), a default (``auto``) that
+    is anything but the untrained start where nothing was fitted."""
+    method = UNEM(shots=shots, learned="mini_resnet18")
     entry = PUBLISHED["mini_resnet18"][published]
     assert method.params.t1.item() == pytest.approx(entry["t1"])
     assert method.params.gamma.tolist() == pytest.approx(entry["gamma"])
@@ -175,6 +176,9 @@ def test_learned_values_come_from_the_nearest_published_shot_count(shots: int, p
     assert method.params.layers == 10
     initial = UNEM(shots=shots, learned="initial").params
     assert initial.t1.item() == 1.0 and initial.gamma.tolist() == [1.0] * 10 and initial.t2.tolist() == [1.0] * 10
+    default = UNEM(shots=shots)  # learned=auto, nothing fitted (evaluate.py fits on validation classes itself)
+    assert default.learned == "auto" and default.learned_inputs()["params"] == UNEM(learned="initial").learned_inputs()[
+        "params"] and "untrained start" in default.params_source
 
 
 def test_reference_loss_is_cross_entropy_of_the_probabilities() -> None:

@@ -272,5 +272,10 @@ class FewShotEvaluationCallback(FeatureCollector):
         if self.config_yaml is None:
             return None
         precisions = {r.method: r.precision for r in results}
-        block = yaml.safe_dump({"provenance": {**self.provenance.as_dict(), "precision": precisions}}, sort_keys=False)
+        learned: dict[str, dict[str, str]] = {}  # where learned parameters came from (UNEM's), per shot count
+        for result in results:
+            if result.learned.get("source"):
+                learned.setdefault(result.method, {})[f"{result.shots}-shot"] = str(result.learned["source"])
+        block = yaml.safe_dump({"provenance": {**self.provenance.as_dict(), "precision": precisions,
+                                               **({"learned": learned} if learned else {})}}, sort_keys=False)
         return self.config_yaml.rstrip("\n") + "\n" + block

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -39,6 +39,7 @@ class SettingResult:
     bank: EpisodeBank
     oracle_prior: bool = False  # the method received the true query counts
     precision: str = ""  # what the method computed in (PUTM: ``auto`` resolved for the device)
+    learned: dict[str, Any] = field(default_factory=dict)  # what it read or fitted (UNEM's parameters and source)
 
     @property
     def alpha_label(self) -> str:
@@ -127,7 +128,7 @@ def evaluate_features(
                     if stored is not None:
                         bar.update(stop_task - start_task)
                         results.append(SettingResult(name, shots, alpha, stored.accuracies, stored.seconds, bank,
-                                                     stored.oracle_prior, stored.precision))
+                                                     stored.oracle_prior, stored.precision, learned))
                         eta.advance(1, solved=False)
                         report(setting_line(results[-1], len(results), count, eta, resumed=True))
                         continue
@@ -142,7 +143,7 @@ def evaluate_features(
                         accuracies = gather_shards(accuracies, settings.tasks, world_size, gather)
                     accuracies = accuracies.cpu()
                     results.append(SettingResult(name, shots, alpha, accuracies, seconds, bank, method.oracle_prior,
-                                                 method.resolved_precision))
+                                                 method.resolved_precision, learned))
                     if store is not None:
                         store.save(name, shots, alpha, inputs, accuracies, seconds, method.resolved_precision,
                                    method.oracle_prior)

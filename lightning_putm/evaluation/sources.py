@@ -191,6 +191,9 @@ class FeatureSource:
     labels: torch.Tensor
     class_names: list[str]
     features: torch.Tensor | None = None  # None: extracted by the test loop
+    #: with a checkpoint: how another split of its data is extracted (UNEM's default fits on the val split)
+    extraction: Extraction | None = None
+    checkpoint_sha256: str = ""
 
 
 def build_feature_source(cfg: DictConfig, settings: EvaluationSettings,
@@ -230,17 +233,19 @@ def build_feature_source(cfg: DictConfig, settings: EvaluationSettings,
             check_checkpoint_backbone(checkpoint, settings.backbone)
         log(f"features: reusing the cache {cache.path} (refresh_features=true rebuilds it)")
         return FeatureSource(FeatureRows(), FeatureRowsDataModule(cached), None, cached.labels,
-                             list(cached.class_names), cached.features)
+                             list(cached.class_names), cached.features, extraction, key.checkpoint_sha256)
     if weights is not None:
         backbone = load_timm_backbone(weights)
         log(f"features: extracting the {split} split of {data.name} ({len(images)} images) with timm:{weights.model} "
             f"(its own preprocessing: {datamodule.eval_transform_override!r})")
-        return FeatureSource(BackboneFeatures(backbone), datamodule, cache, images.labels, list(images.class_names))
+        return FeatureSource(BackboneFeatures(backbone), datamodule, cache, images.labels, list(images.class_names),
+                             extraction=extraction, checkpoint_sha256=key.checkpoint_sha256)
     backbone, hparams = load_checkpoint_backbone(checkpoint, in_channels=datamodule.in_channels,
                                                  expected_backbone=settings.backbone)
     log(f"features: extracting the {split} split of {data.name} ({len(images)} images) with the "
         f"{hparams.get('backbone')} backbone of {checkpoint}")
-    return FeatureSource(BackboneFeatures(backbone), datamodule, cache, images.labels, list(images.class_names))
+    return FeatureSource(BackboneFeatures(backbone), datamodule, cache, images.labels, list(images.class_names),
+                         extraction=extraction, checkpoint_sha256=key.checkpoint_sha256)
 
 
 def checkpoint_split(data: DictConfig, checkpoint_sha256: str, split: str, weights: TimmWeights | None = None,

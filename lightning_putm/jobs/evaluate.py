@@ -102,6 +102,7 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
     from lightning_putm.evaluation.callback import FewShotEvaluationCallback
     from lightning_putm.evaluation.report import log_results_artifact
     from lightning_putm.evaluation.sources import build_feature_source, check_base_features
+    from lightning_putm.evaluation.unem_default import resolve_unem_default, wants_default
 
     rank_zero = getattr(rank_zero_only, "rank", 0) == 0
     say = console(log) if rank_zero else (lambda _: None)
@@ -117,6 +118,8 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
     if source.features is not None:
         check_methods_accept(source.features, settings)  # e.g. negative features for PUTM's power transform
         check_base_features(settings, source.features.shape[1])
+    if wants_default(settings):  # UNEM's learned=auto: fitted on the checkpoint's validation classes (cached)
+        resolve_unem_default(settings, cfg.data, source, say)
     say(summary)
     auto_folder = settings.output_dir is None
     with output_folder(settings, say) as folder:

@@ -24,7 +24,7 @@ def run_predict(overrides: Sequence[str], log: Callable[[str], None] = print) ->
     from lightning_putm.methods import build_method
     from lightning_putm.methods.calibration import scale_probabilities, soft_counts
     from lightning_putm.models.timm_pretrained import find_weights, load_timm_backbone
-    from lightning_putm.prediction.checkpoint_splits import base_statistics, resolve_calibration
+    from lightning_putm.prediction.checkpoint_splits import base_statistics, resolve_calibration, unem_default_params
     from lightning_putm.prediction.images import (checkpoint_image_reader, extract_features, read_folders,
                                                   timm_image_reader)
     from lightning_putm.prediction.outputs import predict_task, summary_table, write_counts, write_predictions
@@ -64,7 +64,8 @@ def run_predict(overrides: Sequence[str], log: Callable[[str], None] = print) ->
     mean, covariance, normalisation = base_statistics(settings, support.shape[1], log)
     # K may differ per class; a method's "by setting" defaults (PUTM's inertia, α-TIM's α, LaplacianShot's λ)
     # follow the smallest class. The query proportions are unknown, so the Dirichlet (imbalanced) defaults apply.
-    method = build_method(settings.method, settings.method_params, shots=min(shots), balanced=False,
+    params = unem_default_params(settings, images.ways, min(shots), len(images.query_paths), log)  # UNEM's auto
+    method = build_method(settings.method, params, shots=min(shots), balanced=False,
                           base_mean=mean, base_covariance=covariance, memory_budget_mb=settings.memory_budget_mb)
     device = settings.device
     raw = predict_task(method, support.to(device), images.support_labels.to(device), query.to(device), images.ways,

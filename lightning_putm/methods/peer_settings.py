@@ -276,6 +276,9 @@ class AlphaAMSettings(MethodOptions):
 DEFAULT_LAYERS = 10
 #: ``initial`` = the reference model's initial values (``gamma=1.0, t1=1.0, t2=1.0`` in ``U_Paddle_EMBT``).
 PRESETS = ("mini_resnet18", "tiered_resnet18", "cub_resnet18", "mini_wideres", "tiered_wideres", "initial")
+#: ``auto``: fitted on the validation classes of the evaluated checkpoint's data where ``evaluate.py`` has them
+#: (:mod:`~lightning_putm.evaluation.unem_default`), else the untrained start (``initial``).
+AUTO = "auto"
 NORMALISATIONS = ("none", "l2")
 
 
@@ -283,15 +286,18 @@ NORMALISATIONS = ("none", "l2")
 class UNEMSettings(MethodOptions):
     method: ClassVar[str] = "unem"
 
-    learned: str = option("mini_resnet18", choices=PRESETS,
-                         help="parameters when params_file is null: the authors' published values for a "
-                              "dataset_backbone (nearest published shot count), or initial (untrained t1=gamma=t2=1)")
+    learned: str = option(AUTO, choices=(AUTO, *PRESETS),
+                          help="parameters when params_file is null: auto = fitted on the checkpoint's validation "
+                               "classes (cached), else the untrained start; a dataset_backbone = the authors' "
+                               "published values (nearest published shot count); initial = untrained t1=gamma=t2=1")
     params_file: str | None = option(None, null="use learned",
                                      help="learned parameters (overrides learned): a JSON from `python -m "
                                           "lightning_putm fit-unem` (fitted on your validation classes) or "
                                           "the authors' .pt; {shots} in the name becomes the number of shots")
     normalise: str = option("none", choices=NORMALISATIONS,
                             help="feature rows before UNEM: none = as given (the reference), l2 = unit norm")
+    fit_tasks: int = option(1000, low=1, help="learned=auto: validation tasks the fit learns on per shot count (the "
+                                              "reference: 1000; its time grows with them), as many again checked")
 
 
 # ------------------------------------------ UNEM's parameter fit (fit-unem): methods/unem_fit.py

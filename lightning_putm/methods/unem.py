@@ -25,9 +25,12 @@ Parameters (``t1``, ``gamma[L]``, ``t2[L]``, raw pre-softplus values as the refe
 order: ``params_file`` (a JSON written by :func:`lightning_putm.methods.unem_fit.save_params`, or the authors'
 ``.pt`` state dict, read with ``weights_only=True``), else ``learned``: the authors' published learned values for a
 dataset and backbone (:mod:`~lightning_putm.methods.unem_presets`; the entry for the nearest published shot count),
-or ``initial`` (the reference's untrained initialisation t1 = gamma = t2 = 1). Learned values belong to the
-features they were learned on: for a new feature file, fit them on its validation classes
-(:mod:`lightning_putm.methods.unem_fit`, ``python -m lightning_putm fit-unem``).
+``initial`` (the reference's untrained initialisation t1 = gamma = t2 = 1), or ``auto`` (the default). Learned
+values belong to the features they were learned on: the published ones put UNEM below its own untrained start on
+features they were not fitted on (docs/methods/unem.md). So ``auto`` is the untrained start here, and
+``evaluate.py`` replaces it, where the checkpoint's data has validation classes, by parameters fitted on them
+(:mod:`lightning_putm.evaluation.unem_default`, through ``params_file``); for a feature file, fit them on its
+validation classes yourself (:mod:`lightning_putm.methods.unem_fit`, ``python -m lightning_putm fit-unem``).
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import torch.nn.functional as F
 
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.peer_settings import DEFAULT_LAYERS, PRESETS, UNEMSettings
+from lightning_putm.methods.peer_settings import AUTO, DEFAULT_LAYERS, PRESETS, UNEMSettings
 from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.methods.unem_presets import PUBLISHED
 from lightning_putm.tasks import TaskBatch, weighted_class_means
@@ -90,8 +93,9 @@ class UNEMParams:
 
 def preset_params(preset: str, shots: int | None) -> UNEMParams:
     """A named preset: the authors' learned values for ``preset`` at the published shot count nearest to ``shots``
-    (1, 5, 10, 20; nearest in log scale, so 3 shots take 5), or the untrained initialisation (``initial``)."""
-    if preset == "initial":
+    (1, 5, 10, 20; nearest in log scale, so 3 shots take 5), or the untrained initialisation (``initial``, and
+    ``auto`` where nothing was fitted: see the module's docstring)."""
+    if preset in ("initial", AUTO):
         return UNEMParams.initial()
     if preset not in PUBLISHED:
         raise ConfigError(f"method.unem.learned must be one of {', '.join(PRESETS)}, got {preset!r}")
@@ -146,6 +150,18 @@ def load_params(path: str | Path) -> UNEMParams:
     return params
 
 
+def params_summary(path: str | Path) -> str:
+    """The one-line ``summary`` a parameter JSON's ``meta`` holds (``learned=auto``'s: fitted or not, on what), or
+    ``""`` (the authors' ``.pt``, a file without one)."""
+    if Path(path).suffix.lower() in (".pt", ".pth"):
+        return ""
+    try:
+        summary = json.loads(Path(path).read_text()).get("meta", {}).get("summary", "")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return summary if isinstance(summary, str) else ""
+
+
 def unem_forward(support: torch.Tensor, support_one_hot: torch.Tensor, query: torch.Tensor,
                  params: UNEMParams) -> torch.Tensor:
     """The unrolled generalized EM (the paper's Fig. 2; reference ``U_Paddle_EMBT.forward``) on ``T`` tasks at once:
@@ -184,7 +200,7 @@ class UNEM(FewShotMethod):
         preset's shot count (and ``{shots}`` in ``params_file``): without it, give ``params``, a ``params_file``
         or ``learned=initial``."""
         super().__init__(settings, shots=shots, **kwargs)
-        if params is None and shots is None and not self.params_file and self.learned != "initial":
+        if params is None and shots is None and not self.params_file and self.learned not in ("initial", AUTO):
             raise ConfigError(f"unem: the number of shots is needed to choose the published parameters of "
                               f"learned={self.learned} (fitted at 1, 5, 10 and 20 shots); build it with shots=K "
                               "(support examples per class), or give params_file or learned=initial")
@@ -194,14 +210,18 @@ class UNEM(FewShotMethod):
         elif self.params_file:
             path = params_path(self.params_file, shots)
             self.params = load_params(path)
-            self.params_source = str(path)
+            summary = params_summary(path)
+            self.params_source = f"{path} ({summary})" if summary else str(path)
         else:
             self.params = preset_params(self.learned, shots)
-            self.params_source = f"learned {self.learned}"
+            self.params_source = ("learned auto: the untrained start (nothing fitted)" if self.learned == AUTO
+                                  else f"learned {self.learned}")
 
     def learned_inputs(self) -> dict[str, Any]:
-        """The parameters in use, whatever their source: a rewritten ``params_file`` is a new input."""
-        return {"params": {name: getattr(self.params, name).detach().cpu().tolist() for name in ("t1", "gamma", "t2")}}
+        """The parameters in use and where they came from (a run's provenance names them): a rewritten
+        ``params_file``, or ``learned=auto`` fitted rather than the untrained start, is a new input."""
+        return {"params": {name: getattr(self.params, name).detach().cpu().tolist() for name in ("t1", "gamma", "t2")},
+                "source": self.params_source}
 
     def bytes_per_task(self, tasks: TaskBatch) -> int:
         n = tasks.num_support + tasks.num_queries
@@ -216,5 +236,5 @@ class UNEM(FewShotMethod):
                             self.params)
 
 
-__all__ = ["UNEM", "UNEMParams", "UNEMSettings", "load_params", "params_path", "preset_params", "unem_forward",
-           "PRESETS"]
+__all__ = ["UNEM", "UNEMParams", "UNEMSettings", "load_params", "params_path", "params_summary", "preset_params",
+           "unem_forward", "PRESETS"]

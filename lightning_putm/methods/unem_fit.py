@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -51,10 +51,11 @@ def evaluate_loss(params: UNEMParams, tasks: TaskBatch, query_labels: torch.Tens
 
 
 def fit_params(tasks: TaskBatch, query_labels: torch.Tensor, settings: FitSettings = FitSettings(),
-               initial: UNEMParams | None = None) -> tuple[UNEMParams, list[float]]:
+               initial: UNEMParams | None = None,
+               on_iteration: Callable[[int, float], None] | None = None) -> tuple[UNEMParams, list[float]]:
     """Learn ``t1``, ``gamma[L]``, ``t2[L]`` on labelled validation tasks by backpropagating through all ``L``
     unrolled EM layers, full batch as the reference does. Returns the parameters and the loss per iteration
-    (before each update)."""
+    (before each update). ``on_iteration(i, loss)`` is called after each (a caller's time estimate)."""
     start = initial if initial is not None else UNEMParams.initial(settings.layers, settings.initial)
     leaves = [p.detach().clone().to(tasks.device, tasks.query.dtype).requires_grad_(True)
               for p in (start.t1, start.gamma, start.t2)]
@@ -72,6 +73,8 @@ def fit_params(tasks: TaskBatch, query_labels: torch.Tensor, settings: FitSettin
         optimiser.step()
         scheduler.step()
         history.append(float(loss.detach()))
+        if on_iteration is not None:
+            on_iteration(len(history), history[-1])
     return UNEMParams(*(p.detach().cpu() for p in leaves)), history
 
 

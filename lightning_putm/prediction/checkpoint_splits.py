@@ -8,7 +8,8 @@ Two of them, both extracted once through ``evaluate.py``'s extraction and featur
   (:mod:`~lightning_putm.evaluation.calibration`), so that a ``probability`` of 0.9 is right about 9 times in 10.
 
 Either may be missing here (data moved, a timm model that records no data); ``auto`` then falls back with a
-notice that says how to get the real thing.
+notice that says how to get the real thing. UNEM's ``learned=auto`` fits its parameters on the validation split
+too (:mod:`~lightning_putm.evaluation.unem_default`, the same cache as ``evaluate.py``'s).
 """
 
 from __future__ import annotations
@@ -98,6 +99,32 @@ def calibration_features(settings: PredictSettings, log: Callable[[str], None]) 
         log(f"notice: probabilities are the method's own (uncalibrated): the checkpoint's {split} split cannot be "
             f"read here ({exc}); pass data_root=<folder>, calibration=<labelled feature file> or calibration=<T>")
         return None
+
+
+def unem_default_params(settings: PredictSettings, ways: int, shots: int, queries: int,
+                        log: Callable[[str], None]) -> dict:
+    """UNEM's options for this task: with ``learned=auto`` (and no ``params_file``) the parameters fitted on the
+    checkpoint's validation classes for a task of this shape (cached, :func:`~lightning_putm.evaluation.
+    unem_default.fit_default`) as ``params_file``; where there are none, the options as given (the untrained
+    start) after one notice."""
+    from lightning_putm.evaluation.unem_default import CACHE_FOLDER, VAL_SPLIT, fit_default, untrained_notice
+
+    params = dict(settings.method_params)
+    if settings.method != "unem" or params.get("learned", "auto") != "auto" or params.get("params_file"):
+        return params
+    if settings.timm_model is not None:
+        log(untrained_notice("a timm model records no validation classes to fit it on"))
+        return params
+    try:
+        path = checkpoint_split(settings, VAL_SPLIT, log, purpose="validation features",
+                                use="to fit UNEM's parameters (learned=auto)")
+        fit = fit_default(load_features(path), shots, ways, queries, settings.seed,
+                          str(params.get("normalise", "none")), settings.feature_cache_dir / CACHE_FOLDER,
+                          settings.device, log, int(params.get("fit_tasks", 1000)))
+    except LightningPutmError as exc:  # the data moved, no val split, classes too small for the task
+        log(untrained_notice(f"no validation tasks of this shape from the checkpoint's val split ({exc})"))
+        return params
+    return {**params, "params_file": str(fit.path)}
 
 
 def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: int, shots: int, queries: int,
