@@ -182,8 +182,8 @@ def fit_default(validation: FeatureSet, shots: int, ways: int, queries: int, see
     def first_iteration(index: int, _loss: float) -> None:
         if index == 1 and settings.iterations > 1:
             took = time.perf_counter() - started
-            log(f"unem: {shots}-shot fit: the first of {settings.iterations} iterations took "
-                f"{format_duration(took)}: about {format_duration(took * settings.iterations)} in all")
+            log(f"unem: {shots}-shot fit: the first of {settings.iterations} iterations took {took:.2f} s: about "
+                f"{format_duration(took * settings.iterations)} in all")
 
     fitted, history = fit_params(drawn.batch, drawn.query_labels, settings, on_iteration=first_iteration)
     seconds = time.perf_counter() - started
