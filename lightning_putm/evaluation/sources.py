@@ -113,8 +113,8 @@ def read_base_statistics(path: str | Path, dim: int, covariance: bool,
 
     A run asks twice (the check before its folder exists, then the methods): the last few results are kept,
     keyed by the file's identity (path, inode, size, modification time: a file rewritten or replaced is read
-    again), and each caller gets its own copy. A base file of miniImageNet's size (38,400 x 640) takes 0.3-1 s to
-    read and average, 3 s with the scatter (2-core CPU machine, 2026-11-27)."""
+    again), and each caller gets its own copy: a base file of miniImageNet's size takes seconds to read and average
+    (measured: docs/lab/code-notes.md#reading-a-base-feature-file)."""
     try:
         status = Path(path).stat()
     except OSError:  # load_features names the file and the fix
