@@ -51,6 +51,7 @@ from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.ilpc import signed_power
 from lightning_putm.methods.options import MethodOptions, option
 from lightning_putm.methods.preprocessing import l2_normalise
+from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch
 
 #: Which parameters Adam learns (the reference's ``--phi``): centroids, plus kernel scales G, edge weights W_b.
@@ -249,6 +250,7 @@ class AlphaAM(FewShotMethod):
         if self.show_progress:
             steps = tqdm(steps, desc=f"{self.name} ({t} tasks)", leave=False, disable=None)
         for i in steps:
+            check_stop()  # Ctrl-C / SIGTERM between Adam steps (lightning_putm.signals)
             with torch.enable_grad():
                 scores = self.scores(centroids, support, query, kernel, edge_weights)
                 if i == self.iterations:  # iterations = 0: one propagation from the support means, no step
