@@ -18,8 +18,9 @@ a training batch is one its loops resume from). With ``data.num_workers=0`` (the
 ends with exactly an uninterrupted run's weights (tests/test_checkpoint_interrupts.py). What still differs: the
 epoch-averaged training metrics of the interrupted epoch are averaged over the batches after the resume only, and
 with DataLoader worker processes the augmentations drawn in the workers differ, as after any resume. Not under
-DDP (``trainer.devices > 1``): the ranks could stop at different batches, so a stop there is immediate, as before.
-A second signal stops at once, without this checkpoint.
+DDP (``trainer.devices > 1``): the ranks could stop at different batches, so a stop there is immediate, as before,
+and leaves no such checkpoint. A second signal stops at once; in the middle of a training batch it leaves none
+either (``last.ckpt``, the last finished epoch, stays).
 """
 
 from __future__ import annotations
