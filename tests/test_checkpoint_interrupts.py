@@ -94,19 +94,21 @@ def assert_same_training_state(got: Path, want: Path) -> None:
             assert torch.equal(state_a[key][moment], state_b[key][moment]), (key, moment)
 
 
-#: (signal, point, file being saved, epoch last.ckpt holds afterwards). A save that has begun is completed first:
-#: a signal anywhere inside the save of last.ckpt leaves the new one; one before it, the previous one.
+#: (signal, point, file being saved, epoch last.ckpt holds afterwards). A save that has begun is completed first,
+#: and during training a signal is held to the end of the next training batch (interrupted.ckpt): one during the
+#: end-of-epoch saves (best.ckpt after validation, then last.ckpt) lets that epoch's last.ckpt be written; one in
+#: the middle of the epoch leaves the previous epoch's.
 CASES = [
     ("SIGINT", "in-write", "last.ckpt", INTERRUPTED_EPOCH),
     ("SIGINT", "before-fsync", "last.ckpt", INTERRUPTED_EPOCH),
     ("SIGINT", "before-rename", "last.ckpt", INTERRUPTED_EPOCH),
     ("SIGINT", "after-rename", "last.ckpt", INTERRUPTED_EPOCH),
     ("SIGINT", "after-save", "last.ckpt", INTERRUPTED_EPOCH),
-    ("SIGINT", "in-write", "best.ckpt", INTERRUPTED_EPOCH - 1),
-    ("SIGINT", "after-save", "best.ckpt", INTERRUPTED_EPOCH - 1),  # between best.ckpt and last.ckpt
+    ("SIGINT", "in-write", "best.ckpt", INTERRUPTED_EPOCH),
+    ("SIGINT", "after-save", "best.ckpt", INTERRUPTED_EPOCH),  # between best.ckpt and last.ckpt
     ("SIGINT", "mid-epoch", "last.ckpt", INTERRUPTED_EPOCH - 1),
     ("SIGTERM", "in-write", "last.ckpt", INTERRUPTED_EPOCH),
-    ("SIGTERM", "after-save", "best.ckpt", INTERRUPTED_EPOCH - 1),
+    ("SIGTERM", "after-save", "best.ckpt", INTERRUPTED_EPOCH),
     ("SIGTERM", "mid-epoch", "last.ckpt", INTERRUPTED_EPOCH - 1),
 ]
 
