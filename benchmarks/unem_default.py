@@ -5,7 +5,9 @@ Runs ``evaluate.py`` once per choice of ``method.unem.learned`` (``auto``, ``ini
 default until 2026-11-28) with the same seed, so all three solve the same episode banks, then prints per (shot, α)
 each choice's accuracy ± 95% CI and its paired difference to the untrained start: the mean of the per-task
 differences ± 1.96·sd/√T (paired, so much tighter than the CIs of the two means). The table is also written to
-``<out>/table.md``; the console lines of the ``auto`` run that say what it fitted, or why it did not, are printed.
+``<out>/table.md`` and, one row per (shot, α, choice), to ``<out>/table.csv`` (its ``features`` column is
+``--name``, the out folder's name by default); the console lines of the ``auto`` run that say what it fitted, or
+why it did not, are printed.
 
 Usage (from the repository root; arguments after ``--`` go to every ``evaluate.py`` run):
 
@@ -38,13 +40,15 @@ def paired(differences: torch.Tensor) -> tuple[float, float]:
     """Mean and 95% half-width (1.96·sd/√T), in points, of per-task differences of accuracy."""
     values = differences.double()
     spread = float(values.std(unbiased=True)) if values.numel() > 1 else 0.0
-    return 100 * float(values.mean()), 100 * 1.96 * spread / math.sqrt(max(1, values.numel()))
+    mean = round(100 * float(values.mean()), 2) + 0.0  # + 0.0: no "-0.00"
+    return mean, 100 * 1.96 * spread / math.sqrt(max(1, values.numel()))
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for the three runs and table.md")
+    parser.add_argument("--name", help="the features' name in table.csv (default: the --out folder's name)")
     parser.add_argument("evaluate", nargs="*", help="evaluate.py arguments (after --)")
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -62,7 +66,8 @@ def main(argv: list[str]) -> int:
                     print(line)
     header = ["shots", "alpha", *(f"learned={c}" for c in CHOICES),
               *(f"{c} − {BASELINE} (paired)" for c in CHOICES if c != BASELINE)]
-    rows = []
+    rows, csv_rows = [], ["features,shots,alpha,tasks,learned,accuracy,ci95,delta_vs_initial,delta_ci95"]
+    name = args.name or out.name
     base = {(r.shots, r.alpha_label): r for r in results[BASELINE]}
     for result in results[CHOICES[0]]:
         key = (result.shots, result.alpha_label)
@@ -71,6 +76,9 @@ def main(argv: list[str]) -> int:
         for choice in CHOICES:
             summary = by_choice[choice].summary()
             cells.append(f"{summary.accuracy:.2f} ± {summary.ci95:.2f}")
+            mean, half = paired(by_choice[choice].accuracies - base[key].accuracies)
+            csv_rows.append(f"{name},{result.shots},{alpha_label(result.alpha)},{by_choice[choice].accuracies.numel()},"
+                            f"{choice},{summary.accuracy:.2f},{summary.ci95:.2f},{mean:.2f},{half:.2f}")
         for choice in CHOICES:
             if choice != BASELINE:
                 mean, half = paired(by_choice[choice].accuracies - base[key].accuracies)
@@ -82,6 +90,7 @@ def main(argv: list[str]) -> int:
     print(table)
     print(f"wall time per run (extraction and UNEM's fit included where they ran): {times}")
     atomic_write_text(out / "table.md", table + f"\n\nwall time per run: {times}\n")
+    atomic_write_text(out / "table.csv", "\n".join(csv_rows) + "\n")
     return 0
 
 

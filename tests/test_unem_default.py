@@ -99,6 +99,32 @@ def test_a_fit_below_the_untrained_start_on_held_out_tasks_is_not_used(tmp_path:
     assert meta["chosen"] == "initial" and meta["fitted"]["gamma"][1] == 50.0
 
 
+def test_the_cache_is_keyed_by_the_validation_features_content(tmp_path: Path, monkeypatch) -> None:
+    """A copy of the same features and labels (another object, other names, no metadata) reuses the fit; one
+    feature value or two labels changed fit again, into another file. Kills: a key of the settings alone (a
+    changed checkpoint served the old fit), one over the features but not the labels, one tied to the object or
+    its metadata (the same content fitted twice)."""
+    calls = count_fits(monkeypatch)
+    validation = make_clustered_features(classes=8, per_class=30, dim=16, spread=0.6)
+
+    def fit(features: torch.Tensor, labels: torch.Tensor, names: list[str]):
+        return fit_default(FeatureSet(features, labels, names), 1, 5, 15, 0, "none", tmp_path, log=lambda _: None,
+                           tasks=6)
+
+    first = fit(validation.features, validation.labels, validation.class_names)
+    again = fit(validation.features.clone(), validation.labels.clone(), [f"other_{c}" for c in range(8)])
+    assert calls == [1] and again.reused and again.path == first.path
+    assert again.params.to_dict() == pytest.approx(first.params.to_dict())
+    nudged = validation.features.clone()
+    nudged[3, 2] += 1e-3
+    changed = fit(nudged, validation.labels, validation.class_names)
+    swapped = validation.labels.clone()
+    swapped[[0, -1]] = swapped[[-1, 0]]  # one image of class 0 and one of class 7 trade labels
+    relabelled = fit(validation.features, swapped, validation.class_names)
+    assert calls == [1, 1, 1] and not changed.reused and not relabelled.reused
+    assert len({first.path, changed.path, relabelled.path}) == 3
+
+
 @pytest.mark.parametrize("where", ["demo", "feature file", "val split"])
 def test_without_validation_classes_the_default_is_the_untrained_start_with_one_notice(
         where: str, tiny_checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
