@@ -284,8 +284,7 @@ def workable_queries(labels: torch.Tensor, ways: int, shots: list[int], queries:
     sizes = np.bincount(torch.as_tensor(labels).cpu().numpy().astype(np.int64))
     sizes = sizes[sizes > 0]
     settings = [(ways if keff is None else int(keff), keff, alpha) for keff in query_classes for alpha in alphas]
-    step = math.lcm(*(count for count, _, alpha in settings if alpha is None)) if any(
-        alpha is None for _, _, alpha in settings) else 1
+    step = math.lcm(*(count for count, _, alpha in settings if alpha is None))  # 1 without balanced settings
     safe = (int(sizes.min()) - max(shots)) // step * step  # always draws
     if safe < max(step, 1) or len(sizes) < ways:
         return None
@@ -378,8 +377,8 @@ def _check_parameters(labels: np.ndarray, ways: int, shots: int, queries: int, a
     for key, value, low in (("ways", ways, 2), ("shots", shots, 1), ("queries", queries, 1), ("tasks", tasks, 1)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < low:
             raise ConfigError(f"`{key}` must be an integer >= {low}, got {value!r}")
-    if query_classes is not None and (not isinstance(query_classes, (int, np.integer)) or isinstance(query_classes, bool)
-                                      or not 1 <= query_classes <= ways):
+    keff = query_classes
+    if keff is not None and (isinstance(keff, bool) or not isinstance(keff, (int, np.integer)) or not 1 <= keff <= ways):
         raise ConfigError(f"`query_classes` must be an integer from 1 to ways={ways} (or null: all {ways} classes), "
                           f"got {query_classes!r}")
     if alpha is not None and alpha != UNIFORM:

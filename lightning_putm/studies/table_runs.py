@@ -22,7 +22,9 @@ from lightning_putm.errors import DataError
 #: empty/``null``/``all`` value means every class is present.
 SETTING_KEYS: tuple[str, ...] = ("query_classes", "alpha")
 #: ``config.yaml`` keys that define an episode bank besides the source and the setting (compared between runs).
-BANK_KEYS: tuple[str, ...] = ("seed", "ways", "queries", "query_classes")
+#: ``query_classes`` is not one: a run's config may list several (``[null, 5]``), and each row names its own in the
+#: setting, so a run of ``query_classes=[null,5]`` and one of ``query_classes=5`` share their K_eff = 5 cells.
+BANK_KEYS: tuple[str, ...] = ("seed", "ways", "queries")
 #: Values of a setting key that mean "the default protocol" (the key is left out of the setting).
 ABSENT = ("", "null", "none", "all")
 #: Results and per-task files round to 4 and 6 decimals: a recomputed mean or CI further off (in points) is an error.
@@ -73,7 +75,7 @@ class Setting:
 
 
 SETTING_LABELS: dict[str, Callable[[str], str]] = {
-    "alpha": lambda v: "balanced" if v == "balanced" else f"Dirichlet α = {v}",
+    "alpha": lambda v: v if v in ("balanced", "uniform") else f"Dirichlet α = {v}",
     "query_classes": lambda v: f"K_eff = {v}",
 }
 
