@@ -1,11 +1,11 @@
 """MKL's conditional numerical reproducibility mode, requested when the package is imported.
 
 Without it MKL (torch's CPU linear algebra) may choose its kernels by a matrix's memory alignment, so a task's
-result would depend on where the task sits in a batch: on an AMD EPYC of family 26 (2026-11-28, torch 2.14.1, MKL
-2024.2) ``torch.linalg.inv`` (α-AM's propagator) and UNEM's small batched products rounded differently alone and in
-a batch, and α-AM's Adam steps turned that into 3 other predictions out of 300. MKL reads ``MKL_CBWR`` at its first
-computation, so importing this package before torch computes anything is enough; when torch has computed already,
-the mode can no longer change, and the import says so once.
+result would depend on where the task sits in a batch: on one CPU ``torch.linalg.inv`` (α-AM's propagator) and
+UNEM's small batched products rounded differently alone and in a batch, and α-AM's Adam steps turned that into other
+predictions (measured: docs/lab/code-notes.md#mkls-reproducibility-mode, docs/evaluation.md). MKL reads
+``MKL_CBWR`` at its first computation, so importing this package before torch computes anything is enough; when
+torch has computed already, the mode can no longer change, and the import says so once.
 """
 
 from __future__ import annotations

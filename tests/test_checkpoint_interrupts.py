@@ -94,19 +94,35 @@ def assert_same_training_state(got: Path, want: Path) -> None:
             assert torch.equal(state_a[key][moment], state_b[key][moment]), (key, moment)
 
 
-#: (signal, point, file being saved, epoch last.ckpt holds afterwards). A save that has begun is completed first:
-#: a signal anywhere inside the save of last.ckpt leaves the new one; one before it, the previous one.
+def same_validation_record(got: Path, want: Path) -> bool:
+    """Whether two runs' ``best.ckpt`` bookkeeping agrees: every validation ran and scored the same."""
+    def record(path: Path) -> tuple:
+        states = [v for k, v in read_checkpoint(path)["callbacks"].items() if "Checkpoint{" in k]
+        return tuple(sorted((str(s["monitor"]), repr(None if s["best_model_score"] is None else
+                                                  float(s["best_model_score"])),
+                             repr(None if s["current_score"] is None else float(s["current_score"])),
+                             Path(s["best_model_path"]).name) for s in states))
+    a, b = record(got), record(want)
+    assert any(state[0] != "None" and state[2] != "None" for state in a), a  # a scored best.ckpt is kept
+    assert a == b, (a, b)
+    return True
+
+
+#: (signal, point, file being saved, epoch last.ckpt holds afterwards). A save that has begun is completed first,
+#: and during training a signal is held to the end of the next training batch (interrupted.ckpt): one during the
+#: end-of-epoch saves (best.ckpt after validation, then last.ckpt) lets that epoch's last.ckpt be written; one in
+#: the middle of the epoch leaves the previous epoch's.
 CASES = [
     ("SIGINT", "in-write", "last.ckpt", INTERRUPTED_EPOCH),
     ("SIGINT", "before-fsync", "last.ckpt", INTERRUPTED_EPOCH),
     ("SIGINT", "before-rename", "last.ckpt", INTERRUPTED_EPOCH),
     ("SIGINT", "after-rename", "last.ckpt", INTERRUPTED_EPOCH),
     ("SIGINT", "after-save", "last.ckpt", INTERRUPTED_EPOCH),
-    ("SIGINT", "in-write", "best.ckpt", INTERRUPTED_EPOCH - 1),
-    ("SIGINT", "after-save", "best.ckpt", INTERRUPTED_EPOCH - 1),  # between best.ckpt and last.ckpt
+    ("SIGINT", "in-write", "best.ckpt", INTERRUPTED_EPOCH),
+    ("SIGINT", "after-save", "best.ckpt", INTERRUPTED_EPOCH),  # between best.ckpt and last.ckpt
     ("SIGINT", "mid-epoch", "last.ckpt", INTERRUPTED_EPOCH - 1),
     ("SIGTERM", "in-write", "last.ckpt", INTERRUPTED_EPOCH),
-    ("SIGTERM", "after-save", "best.ckpt", INTERRUPTED_EPOCH - 1),
+    ("SIGTERM", "after-save", "best.ckpt", INTERRUPTED_EPOCH),
     ("SIGTERM", "mid-epoch", "last.ckpt", INTERRUPTED_EPOCH - 1),
 ]
 
@@ -148,12 +164,80 @@ def test_a_signal_during_the_final_test_exits_130_with_the_training_complete(tra
     assert_same_training_state(tmp_path / STAGE / "last.ckpt", uninterrupted / "last.ckpt")
 
 
-def test_a_signal_in_the_first_epoch_says_there_is_nothing_to_resume(trainings, tmp_path) -> None:
+def test_a_signal_in_the_first_epoch_leaves_a_checkpoint_of_that_point_and_resumes_from_it(trainings, uninterrupted,
+                                                                                             tmp_path) -> None:
+    """Before interrupted.ckpt there was nothing to resume before the first epoch's end. Kills: no checkpoint on
+    the interruption; ``resume=true`` refused without last.ckpt; the resumed epoch restarting from its first batch
+    (the first batches trained twice: other weights); the random generators not restored (other mixup draws)."""
     code, output = trainings.run(tmp_path, tmp_path / "interrupted.log", signal="SIGINT", point="mid-epoch", epoch=0)
     assert code == 130 and "Traceback" not in output, output[-3000:]
-    assert ("training stopped in stage classifier (Ctrl-C) before its first epoch finished: there is no checkpoint "
-            "to resume from; run the command again without resume=true") in output
-    assert not (tmp_path / STAGE / "last.ckpt").exists()
+    stage = tmp_path / STAGE
+    assert ("training stopped in stage classifier (Ctrl-C) in epoch 0 after 2 training batches; "
+            f"{stage / 'interrupted.ckpt'} holds that point: continue from it with resume=true run=r") in output
+    assert not (stage / "last.ckpt").exists()
+    code, output = trainings.run(tmp_path, tmp_path / "resumed.log", extra=["resume=true"])
+    assert code == 0, output[-3000:]
+    assert f"resuming from {stage / 'interrupted.ckpt'}" in output
+    assert_same_training_state(stage / "last.ckpt", uninterrupted / "last.ckpt")
+    assert same_validation_record(stage / "last.ckpt", uninterrupted / "last.ckpt")
+    assert not (stage / "interrupted.ckpt").exists()  # the finished stage does not keep it
+
+
+#: The in-training few-shot check: PUTM only, 4 tasks, 3 EM steps of 2 Adam steps (a few seconds per epoch).
+FEWSHOT = ["fewshot_eval.every_n_epochs=1", "fewshot_eval.methods=[putm]", "fewshot_eval.alphas=[2]",
+           "fewshot_eval.tasks=4", "fewshot_eval.overrides=[method.putm.em_steps=3,method.putm.inner_steps=2]"]
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_in_training_fewshot_check_stops_it_and_keeps_the_epoch(trainings, uninterrupted,
+                                                                                   tmp_path, signame) -> None:
+    """The few-shot check after epoch 1 gets the signal after PUTM's third E-step: the check stops at its next
+    step (no E-step finishes after the signal), ``interrupted.ckpt`` keeps the epoch just trained (last.ckpt is
+    written only after validation), and the resume ends with an uninterrupted run's weights.
+    Kills: the stop acted on only when the check (or the epoch) ends (E-steps after the signal); the trained
+    epoch lost (last.ckpt of epoch 0 only); a resume that trains epoch 1 again (other weights); a resume that skips
+    the interrupted validation (Lightning's reading of a stop outside a ``validation_step``: epoch 1 then has no
+    score, so ``best.ckpt``'s record differs)."""
+    extra = [*FEWSHOT, f"log_dir={tmp_path / 'logs'}"]
+    code, output = trainings.run(tmp_path, tmp_path / "interrupted.log", extra=extra, signal=signame,
+                                 point="in-fewshot", epoch=INTERRUPTED_EPOCH)
+    assert f"injected {signame} at in-fewshot" in output, output[-3000:]
+    assert code == 130 and "Traceback" not in output, output[-3000:]
+    how = "Ctrl-C" if signame == "SIGINT" else "SIGTERM"
+    stage = tmp_path / STAGE
+    assert (f"training stopped in stage classifier ({how}) in epoch {INTERRUPTED_EPOCH} after 4 training batches; "
+            f"{stage / 'interrupted.ckpt'} holds that point") in output, output[-3000:]
+    assert "after the signal: 0 E-steps finished" in output
+    assert read_checkpoint(stage / "last.ckpt")["epoch"] == INTERRUPTED_EPOCH - 1
+    code, output = trainings.run(tmp_path, tmp_path / "resumed.log", extra=[*extra, "resume=true"])
+    assert code == 0, output[-3000:]
+    assert f"resuming from {stage / 'interrupted.ckpt'}" in output
+    assert_same_training_state(stage / "last.ckpt", uninterrupted / "last.ckpt")
+    assert same_validation_record(stage / "last.ckpt", uninterrupted / "last.ckpt")
+
+
+def test_a_signal_during_validation_keeps_the_epoch_and_the_resume_validates_it_whole(trainings, uninterrupted,
+                                                                                    tmp_path) -> None:
+    """A Ctrl-C inside the first validation batch after epoch 1 is acted on when the next batch starts, outside
+    any ``validation_step``: ``interrupted.ckpt`` keeps the trained epoch, and the resume runs that validation again
+    from its start, so ``best.ckpt`` is judged on epoch 1's score as in an uninterrupted run.
+    Kills: the checkpoint saved with Lightning's progress counters as they are (Lightning then reads the validation
+    as finished: epoch 1 gets no score, no ``best.ckpt`` of it, no logged ``val/acc``; a flake of CI's
+    test_runs.py); a resume that trains epoch 1 again (other weights)."""
+    extra = ["data.eval_batch_size=64"]  # 3 validation batches
+    code, output = trainings.run(tmp_path, tmp_path / "interrupted.log", extra=extra, signal="SIGINT",
+                                 point="in-validation", epoch=INTERRUPTED_EPOCH)
+    assert "injected SIGINT at in-validation" in output, output[-3000:]
+    assert code == 130 and "Traceback" not in output, output[-3000:]
+    stage = tmp_path / STAGE
+    assert f"in epoch {INTERRUPTED_EPOCH} after 4 training batches" in output, output[-3000:]
+    assert read_checkpoint(stage / "last.ckpt")["epoch"] == INTERRUPTED_EPOCH - 1
+    code, output = trainings.run(tmp_path, tmp_path / "resumed.log", extra=[*extra, "resume=true"])
+    assert code == 0, output[-3000:]
+    assert f"resuming from {stage / 'interrupted.ckpt'}" in output
+    assert_same_training_state(stage / "last.ckpt", uninterrupted / "last.ckpt")
+    assert same_validation_record(stage / "last.ckpt", uninterrupted / "last.ckpt")
+    assert read_checkpoint(stage / "best.ckpt")["epoch"] == read_checkpoint(uninterrupted / "best.ckpt")["epoch"]
 
 
 # ------------------------------------------------------------------------------------------- the deferral itself

@@ -102,7 +102,7 @@ def test_the_cycle_finder_sees_function_level_and_relative_imports(tmp_path: Pat
 #: in-training few-shot check, predict's method settings); the S2M2 module and the checkpoints may not.
 JOBS, STUDIES, CALLBACK = "lightning_putm.jobs", "lightning_putm.studies", "lightning_putm.evaluation.callback"
 TRAINING_RUN = {"lightning_putm.pretraining.settings", "lightning_putm.pretraining.stages",
-                "lightning_putm.pretraining.progress"}
+                "lightning_putm.pretraining.progress", "lightning_putm.pretraining.interruption"}
 LAYERS = [
     ("lightning_putm.methods", {"lightning_putm.evaluation", "lightning_putm.pretraining", "lightning_putm.features",
                                 "lightning_putm.prediction", "lightning_putm.data", "lightning_putm.models", STUDIES,

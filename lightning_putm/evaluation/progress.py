@@ -47,9 +47,8 @@ class Eta:
 
     With ``kinds`` (the kind of every unit, in the order they are done: an evaluation's methods, setting by
     setting) each unit left is paced by the units of its own kind solved so far, a kind not solved yet by all
-    units' pace. One pace for all swings the estimate within every round of methods: evaluating the digits demo's
-    checkpoint (PUTM 15 s per setting, SimpleShot and PT-MAP under 1 s; 2026-11-28) it said 1:05 after the second
-    PUTM setting with 33 s left, 0:35 after the third with 17 s left; paced by method, 0:34 and 0:17.
+    units' pace. One pace for all swings the estimate within every round of methods when one method is much slower
+    than the others (measured: docs/lab/code-notes.md#evaluates-time-left-paced-by-method).
     """
 
     def __init__(self, total: float, clock: Callable[[], float] = time.perf_counter,

@@ -25,6 +25,7 @@ from lightning_putm.evaluation.store import SettingStore, tensor_digest
 from lightning_putm.features.files import FeatureSet
 from lightning_putm.methods import build_method, method_uses_class_prior
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
+from lightning_putm.signals import stop_on_signals
 from lightning_putm.validators import alpha_label, query_classes_label
 
 
@@ -99,7 +100,9 @@ def evaluate_features(
 
     With ``world_size > 1`` every process samples the same banks, solves its contiguous block of tasks and
     ``gather`` (an all-gather) assembles the per-task accuracies, so the table equals a single process's.
-    ``should_stop`` is polled after every chunk of tasks (e.g. SIGTERM received): the run then stops early.
+    ``should_stop`` is polled after every chunk of tasks (e.g. SIGTERM received): the run then stops early. Within
+    a chunk, Ctrl-C and SIGTERM stop the solver between two of its steps, in its worker threads too
+    (:func:`~lightning_putm.signals.stop_on_signals`); the setting in progress is solved again on resume.
     With a ``store`` every finished setting is saved at once, and a setting already stored with the same inputs
     is read back instead of solved (:mod:`~lightning_putm.evaluation.store`): an interrupted run resumes.
     """
@@ -154,8 +157,9 @@ def evaluate_features(
                     setting = BarSetting(bar, eta, f"{name} {setting_name(shots, keff, alpha)}",
                                          stop_task - start_task)
                     start = time.perf_counter()
-                    probabilities = method.predict(batch, on_chunk=lambda n: _advance(setting, n, should_stop,
-                                                                                      settings))
+                    with stop_on_signals():  # Ctrl-C, SIGTERM: the solver stops within a step, its threads too
+                        probabilities = method.predict(batch, on_chunk=lambda n: _advance(setting, n, should_stop,
+                                                                                          settings))
                     seconds = time.perf_counter() - start
                     accuracies = task_accuracy(probabilities, query_labels)
                     if world_size > 1:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -38,6 +39,7 @@ from lightning_putm.methods.bavardage import base_within_class_scatter
 from lightning_putm.models.timm_pretrained import TimmWeights, find_weights, load_timm_backbone, timm_transform
 from lightning_putm.pretraining.checkpoints import (check_checkpoint_backbone, load_checkpoint_backbone,
                                                     missing_checkpoint_hint)
+from lightning_putm.signals import interrupting_signal, stop_on_signals
 from lightning_putm.validators import integer, mapping, positive
 
 def load_feature_source(settings: EvaluationSettings) -> FeatureSet:
@@ -113,8 +115,8 @@ def read_base_statistics(path: str | Path, dim: int, covariance: bool,
 
     A run asks twice (the check before its folder exists, then the methods): the last few results are kept,
     keyed by the file's identity (path, inode, size, modification time: a file rewritten or replaced is read
-    again), and each caller gets its own copy. A base file of miniImageNet's size (38,400 x 640) takes 0.3-1 s to
-    read and average, 3 s with the scatter (2-core CPU machine, 2026-11-27)."""
+    again), and each caller gets its own copy: a base file of miniImageNet's size is slow to read and average
+    (measured: docs/lab/code-notes.md#reading-a-base-feature-file)."""
     try:
         status = Path(path).stat()
     except OSError:  # load_features names the file and the fix
@@ -339,13 +341,30 @@ def _data_mapping(data: DictConfig, key: str) -> dict[str, Any] | None:
 def extract_split(module: BackboneFeatures, datamodule: FewShotDataModule, split: str,
                   settings: Extraction, log: Callable[[str], None] = print) -> FeatureSet:
     """Features of ``split`` (the test loop of ``datamodule``) through ``module``, on one device (``log``: the
-    progress lines where no bar is drawn)."""
+    progress lines where no bar is drawn).
+
+    Ctrl-C and SIGTERM stop it within a batch (:func:`~lightning_putm.signals.stop_on_signals`) with one line:
+    ``KeyboardInterrupt``, or ``InterruptedError`` for SIGTERM (exit status 143); nothing is cached before the split
+    is complete, so the same command extracts it again."""
     collector = FeatureCollector(split)
     options = {k: v for k, v in settings.trainer.items() if k in ("accelerator", "precision")}
     trainer = build_trainer(options, devices=1, logger=False, enable_checkpointing=False,
                             callbacks=[collector, *extraction_bar(settings.progress, log)],
                             enable_progress_bar=settings.progress, enable_model_summary=False,
                             default_root_dir=str(settings.output_dir))
-    trainer.test(module, datamodule=datamodule, verbose=False)
+    handler = signal.getsignal(signal.SIGINT)
+    try:
+        with stop_on_signals():
+            trainer.test(module, datamodule=datamodule, verbose=False)
+    except SystemExit as exc:  # Lightning turns the interruption into exit(1) and leaves SIGINT ignored
+        if not trainer.interrupted:
+            raise
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+        message = (f"feature extraction of the {split} split stopped before it was complete (nothing was cached); run "
+                   "the same command again to extract it")
+        if interrupting_signal(exc) == signal.SIGTERM or trainer.received_sigterm:
+            raise InterruptedError(f"{message} (the process received a termination signal, SIGTERM)") from None
+        raise KeyboardInterrupt(message) from None
     assert collector.feature_set is not None
     return collector.feature_set

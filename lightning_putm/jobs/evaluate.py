@@ -25,7 +25,7 @@ from lightning_putm.evaluation.settings import (EvaluationSettings, RUN_ROOT, ch
                                                 checkpoint_run_name, load_evaluate_config, settings_from_config)
 from lightning_putm.loggers import WANDB_RUN_FILE, build_logger, console, finish_logger
 from lightning_putm.runs import folder_locked, run_dir
-from lightning_putm.signals import signals_recorded
+from lightning_putm.signals import interrupting_signal, signals_recorded, stop_on_signals
 from lightning_putm.validators import alpha_label, query_classes_label
 
 if TYPE_CHECKING:
@@ -170,19 +170,27 @@ def close_logger(logger: Any, rank_zero: bool, folder: Path) -> None:
 
 
 def run_test_loop(trainer: Any, module: Any, datamodule: Any, folder: Path) -> None:
-    """``trainer.test``, with Ctrl-C turned back into a :class:`KeyboardInterrupt` that says how to resume.
+    """``trainer.test``, with Ctrl-C turned back into a :class:`KeyboardInterrupt` that says how to resume, and
+    SIGTERM into an :class:`InterruptedError` (exit status 143) that says the same.
 
-    Lightning catches Ctrl-C itself, ignores SIGINT from then on and calls ``exit(1)``: the command would end
-    silently with a generic error code, and a study running it would never learn that its run was interrupted.
-    Every setting finished before the interruption is already on disk (:mod:`~lightning_putm.evaluation.store`).
+    Ctrl-C and SIGTERM stop the extraction and the solvers within seconds, worker threads included
+    (:func:`~lightning_putm.signals.stop_on_signals`). Lightning catches the interruption itself, ignores SIGINT
+    from then on and calls ``exit(1)``: the command would end silently with a generic error code, and a study running
+    it would never learn that its run was interrupted. Every setting finished before the interruption is already on
+    disk (:mod:`~lightning_putm.evaluation.store`); the one in progress is solved again on resume.
     """
     handler = signal.getsignal(signal.SIGINT)
     try:
-        trainer.test(module, datamodule=datamodule, verbose=False)
-    except SystemExit:
+        with stop_on_signals():
+            trainer.test(module, datamodule=datamodule, verbose=False)
+    except SystemExit as exc:
         if not trainer.interrupted:
             raise
         if handler is not None:  # Lightning left SIGINT ignored: a second Ctrl-C must still stop this process
             signal.signal(signal.SIGINT, handler)
-        raise KeyboardInterrupt(f"evaluation stopped; the settings finished so far are kept in {folder}/settings: "
-                                f"resume with output_dir={shlex.quote(str(folder))}") from None
+        kept = (f"the settings finished so far are kept in {folder}/settings: resume with "
+                f"output_dir={shlex.quote(str(folder))}")
+        if interrupting_signal(exc) == signal.SIGTERM or trainer.received_sigterm:
+            raise InterruptedError(f"evaluation stopped: the process received a termination signal (SIGTERM); {kept}") \
+                from None
+        raise KeyboardInterrupt(f"evaluation stopped; {kept}") from None

@@ -7,6 +7,7 @@ the stages in order, writes each stage's ``config.yaml`` and turns Ctrl-C/SIGTER
 from __future__ import annotations
 
 import logging
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -23,13 +24,14 @@ from lightning_putm.data.episodes import check_episodes_possible
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.loggers import console, finish_logger
 from lightning_putm.pretraining.checkpoints import check_init_from, check_resume_checkpoint, init_from_checkpoint
+from lightning_putm.pretraining.interruption import InterruptionCheckpoint, resume_point
 from lightning_putm.pretraining.module import S2M2Module
 from lightning_putm.pretraining.settings import (TrainSettings, load_train_config, recorded_data_config,
                                                  settings_from_config)
 from lightning_putm.pretraining.stages import (StageResult, build_datamodule, build_module, build_stage_logger,
                                                build_stage_trainer, check_batch_fractions, interruption_message,
                                                precision_hint, resolve_run_folder, stopped_by)
-from lightning_putm.signals import sigterm_as_interrupt
+from lightning_putm.signals import requested_signal, stop_on_signals, stop_requested
 from lightning_putm.validators import path_hint
 
 
@@ -41,9 +43,11 @@ def run_train_backbone(overrides: Sequence[str], log: Callable[[str], None] = pr
 
     Ctrl-C or SIGTERM at any moment raises ``KeyboardInterrupt`` (exit status 130 from the command line) with a
     message saying how to continue; checkpoint writes finish first (:mod:`lightning_putm.signals`), so
-    ``last.ckpt`` is always a complete checkpoint of the last finished epoch.
+    ``last.ckpt`` is always a complete checkpoint of the last finished epoch. In the middle of an epoch the stop
+    comes at the end of the training batch in progress, or within seconds in validation, and ``interrupted.ckpt``
+    holds that point; ``resume=true`` continues from it (:mod:`lightning_putm.pretraining.interruption`).
     """
-    with sigterm_as_interrupt():
+    with stop_on_signals():
         return _train_stages(overrides, log)
 
 
@@ -108,8 +112,9 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
     with resolve_run_folder(settings, say) as folder:
         settings.run_folder = folder
         checked = None
-        if settings.resume:  # the first stage's last.ckpt: corrupt or another model's, refused before config.yaml
-            checked = settings.stage_dir(settings.stages[0]) / "last.ckpt"
+        if settings.resume:  # the first stage's checkpoint: corrupt or another model's, refused before config.yaml
+            checked = resume_point(settings.stage_dir(settings.stages[0]))
+            assert checked is not None  # resolve_run_folder refused a run without one
             check_resume_checkpoint(first_module, checked)
         if rank_zero:
             atomic_write_text(folder / "config.yaml", to_yaml(cfg))
@@ -121,7 +126,7 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
                 pl.seed_everything(settings.seed + index, workers=True, verbose=False)
                 module = build_module(settings, datamodule.in_channels, train.num_classes, index, data_config)
             last = settings.stage_dir(stage) / "last.ckpt"
-            resume_path = last if settings.resume and last.is_file() else None
+            resume_path = resume_point(settings.stage_dir(stage)) if settings.resume else None
             if resume_path is not None:
                 if resume_path != checked:
                     check_resume_checkpoint(module, resume_path)  # corrupt, unsafe or another model's: a clear error
@@ -149,10 +154,17 @@ def _train_stages(overrides: Sequence[str], log: Callable[[str], None]) -> list[
                     raise
                 earlier = previous if index > 0 else None  # resume=true needs the first stage's last.ckpt
                 how = stopped_by(trainer, exc)
-                raise KeyboardInterrupt(interruption_message(stage, last, folder, how, earlier)) from None
+                saved = next((c for c in trainer.callbacks if isinstance(c, InterruptionCheckpoint)), None)
+                point = (saved.path, *saved.point) if saved is not None and saved.point is not None else None
+                raise KeyboardInterrupt(interruption_message(stage, last, folder, how, earlier, point)) from None
             finally:
                 if not (trained and keep_open):
                     finish_logger(logger, rank_zero)
+            if stop_requested():  # held until the stage ended (its last checkpoint's write): the stage is complete
+                if trained and keep_open:
+                    finish_logger(logger, rank_zero)
+                how = "SIGTERM" if requested_signal() == signal.SIGTERM else "Ctrl-C"
+                raise KeyboardInterrupt(interruption_message(stage, last, folder, how, None))
             seconds = time.perf_counter() - start
             if not last.is_file():  # a Trainer option ended the stage before any epoch (the usual ones are refused)
                 finish_logger(logger, rank_zero)

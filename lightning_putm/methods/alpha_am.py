@@ -47,6 +47,7 @@ from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.ilpc import signed_power
 from lightning_putm.methods.peer_settings import AlphaAMSettings
 from lightning_putm.methods.preprocessing import l2_normalise
+from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch
 
 #: The reference's guards: ``log(p + 1e-12)`` in the cross-entropy, ``(p + 1e-12)^α`` in the conditional
@@ -186,6 +187,7 @@ class AlphaAM(FewShotMethod):
         if self.show_progress:
             steps = tqdm(steps, desc=f"{self.name} ({t} tasks)", leave=False, disable=None)
         for i in steps:
+            check_stop()  # Ctrl-C / SIGTERM between Adam steps (lightning_putm.signals)
             with torch.enable_grad():
                 scores = self.scores(centroids, support, query, kernel, edge_weights)
                 if i == self.iterations:  # iterations = 0: one propagation from the support means, no step

@@ -62,6 +62,7 @@ from lightning_putm.errors import FeatureError
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.peer_settings import BAVARDAGESettings
 from lightning_putm.methods.preprocessing import cl2n
+from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
 
@@ -266,6 +267,7 @@ class BAVARDAGE(FewShotMethod):
             fixed = torch.zeros(tasks.num_tasks, tasks.ways, dtype=y.dtype, device=y.device)
         sigma2 = 1.0 / self.vb_temperature
         for _ in range(self.vb_iterations):
+            check_stop()  # Ctrl-C / SIGTERM between iterations (lightning_putm.signals)
             log_weights = self.class_log_weights(resp, s, fixed)  # M-step: q(π) ...
             projection = adaptive_projection(y, resp, self.beta0)  # ... ADR ...
             z = y @ projection

@@ -69,6 +69,7 @@ import torch.nn.functional as F
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.peer_settings import ILPCSettings
 from lightning_putm.methods.preprocessing import POWER_EPS, l2_normalise
+from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch
 
 
@@ -201,6 +202,7 @@ class ILPC(FewShotMethod):
         buf_b = torch.zeros_like(bias)
         total = torch.zeros(x.shape[:2], dtype=x.dtype, device=x.device)
         for _ in range(self.denoising_iterations):
+            check_stop()  # Ctrl-C / SIGTERM between steps (lightning_putm.signals)
             logits = x.bmm(weight.transpose(1, 2)) + bias.unsqueeze(1)
             log_p = torch.log_softmax(logits, dim=2)
             total += -(one_hot * log_p).sum(2)
@@ -250,6 +252,7 @@ class ILPC(FewShotMethod):
         for rounds in range(q):  # the reference's bound; every round moves >= min_moved queries or stops
             if not bool(active.any()):
                 break
+            check_stop()
             unlabelled = ~labelled[:, s:]  # [T, Q]
             scores = self.propagate(lu, labels, labelled, ways)[:, s:]  # [T, Q, N]
             if columns is not None:

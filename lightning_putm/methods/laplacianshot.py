@@ -49,6 +49,7 @@ from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.bdcspn import exact_squared_distances, rectify_prototypes_benchmark
 from lightning_putm.methods.peer_settings import LaplacianShotSettings
 from lightning_putm.methods.preprocessing import cl2n
+from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch
 
 
@@ -112,6 +113,7 @@ class LaplacianShot(FewShotMethod):
         energies = [energy]
         active = torch.ones(tasks.num_tasks, dtype=torch.bool, device=y.device)
         for i in range(self.iterations):
+            check_stop()  # Ctrl-C / SIGTERM between iterations (lightning_putm.signals)
             updated = torch.softmax(-unary + self.lmd * affinity.bmm(y), dim=2)
             y = torch.where(active.view(-1, 1, 1), updated, y)
             new_energy = torch.where(active, laplacian_energy(y, unary, affinity, self.lmd, self.pairwise_scale), energy)

@@ -26,6 +26,7 @@ import torch
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.peer_settings import PTMAPSettings
 from lightning_putm.methods.preprocessing import check_power_transform_input, l2_normalise, power_transform, qr_reduce
+from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
 
@@ -117,6 +118,7 @@ class PTMAP(FewShotMethod):
         columns = self.column_marginal(tasks, class_counts)
         plan = self.transport(query, centres, columns)
         for _ in range(self.iterations):
+            check_stop()  # Ctrl-C / SIGTERM between iterations (lightning_putm.signals)
             estimate = weighted_class_means(x, torch.cat([one_hot, plan], dim=1))  # support one-hot + plan
             centres = centres + self.inertia * (estimate - centres)
             plan = self.transport(query, centres, columns)

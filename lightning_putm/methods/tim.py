@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.peer_settings import AlphaTIMSettings, TIMSettings
 from lightning_putm.methods.preprocessing import l2_normalise
+from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch
 
 
@@ -118,6 +119,7 @@ class TIMGD(FewShotMethod):
         if self.show_progress:
             steps = tqdm(steps, desc=f"{self.name} ({tasks.num_tasks} tasks)", leave=False, disable=None)
         for i in steps:
+            check_stop()  # Ctrl-C / SIGTERM between iterations (lightning_putm.signals)
             with torch.enable_grad():
                 loss = self.objective(self.logits(rows, weights), one_hot)
                 optimiser.zero_grad(set_to_none=True)

@@ -46,6 +46,7 @@ from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.peer_settings import DEFAULT_LAYERS, PRESETS, UNEMSettings
 from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.methods.unem_presets import PUBLISHED
+from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
 #: The ``+ 1e-6`` inside the log of the class proportions (reference ``V = log(U.sum(1)/n_query + 1e-6) + 1``).
@@ -163,6 +164,7 @@ def unem_forward(support: torch.Tensor, support_one_hot: torch.Tensor, query: to
     query_sq = query.pow(2).sum(2, keepdim=True)  # [T, Q, 1]
     assignments = query.new_zeros(query.shape[0], query.shape[1], support_one_hot.shape[2])
     for layer in range(params.layers):
+        check_stop()  # Ctrl-C / SIGTERM between layers (lightning_putm.signals)
         logits = query.bmm(prototypes.transpose(1, 2)) - 0.5 * prototypes.pow(2).sum(2).unsqueeze(1) - 0.5 * query_sq
         assignments = torch.softmax((logits + gammas[layer] * log_prop.unsqueeze(1)) / temperatures[layer], dim=2)
         log_prop = torch.log(assignments.mean(1) + PROPORTION_EPS) + 1.0

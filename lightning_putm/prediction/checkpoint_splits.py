@@ -162,8 +162,8 @@ def resolve_calibration(settings: PredictSettings, method: FewShotMethod, ways: 
 def calibration_cost(settings: PredictSettings) -> str:
     """What the fit will cost, said before it starts: the tasks it solves (in chunks; the time it takes follows
     the first), that it is paid once, and how to spend less. The user's own single task is no guide to the time:
-    a method solves a chunk of 25 tasks in a few times one task's time (PUTM on the digits demo: 6 s for one
-    task, 23 s for 25, 2026-11-28)."""
+    a method solves a chunk of 25 tasks in a few times one task's time (measured: docs/predict.md, "What calibration
+    costs")."""
     tasks = settings.calibration_tasks
     chunks = -(-tasks // CALIBRATION_CHUNK)
     return (f"{chunks} chunk{'' if chunks == 1 else 's'} of up to {CALIBRATION_CHUNK} tasks (the time they take "

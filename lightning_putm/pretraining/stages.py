@@ -4,6 +4,7 @@ the in-training few-shot validation), the run folder, and what a stopped stage t
 from __future__ import annotations
 
 import contextlib
+import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -21,11 +22,12 @@ from lightning_putm.features.files import FeatureSet, save_features
 from lightning_putm.features.table import scatter_rows
 from lightning_putm.loggers import build_logger
 from lightning_putm.pretraining.checkpoints import AtomicCheckpointIO, BestCheckpoint
+from lightning_putm.pretraining.interruption import InterruptionCheckpoint, resume_point
 from lightning_putm.pretraining.module import S2M2Module
 from lightning_putm.pretraining.progress import EpochLines, StageProgressBar
 from lightning_putm.pretraining.settings import TrainSettings
 from lightning_putm.runs import LATEST, folder_locked, latest_run, point_latest, run_dir
-from lightning_putm.signals import Terminated
+from lightning_putm.signals import interrupting_signal
 from lightning_putm.validators import integer, mapping, positive
 
 
@@ -76,7 +78,8 @@ def build_stage_trainer(settings: TrainSettings, stage: str, has_val: bool, logg
     ``last.ckpt`` written after it carries the updated best score for resuming. ``last.ckpt`` is written at the end
     of every training epoch whatever the validation schedule (``check_val_every_n_epoch``, ``val_check_interval``),
     so it always holds a finished epoch to resume from. ``best`` skips epochs without ``val/acc`` (see
-    :class:`BestCheckpoint`).
+    :class:`BestCheckpoint`). Ctrl-C or SIGTERM in the middle of an epoch leaves ``interrupted.ckpt``, the point
+    reached (:class:`~lightning_putm.pretraining.interruption.InterruptionCheckpoint`).
     """
     from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -87,6 +90,7 @@ def build_stage_trainer(settings: TrainSettings, stage: str, has_val: bool, logg
                                         auto_insert_metric_name=False, enable_version_counter=False))
     callbacks.append(ModelCheckpoint(dirpath=folder, filename="last", monitor=None, save_top_k=1, every_n_epochs=1,
                                      save_on_train_epoch_end=True, enable_version_counter=False))
+    callbacks.append(InterruptionCheckpoint(folder))
     extra: dict[str, Any] = {}
     if settings.trainer.get("enable_progress_bar", True) not in (False, 0):
         if "enable_progress_bar" in settings.trainer or on_terminal():
@@ -185,7 +189,7 @@ def resolve_run_folder(settings: TrainSettings,
     first = settings.stages[0]
     if settings.resume:
         folder = root / settings.run if settings.run else latest_run(root)
-        if folder is None or not (folder / first / "last.ckpt").is_file():
+        if folder is None or resume_point(folder / first) is None:
             where = folder / first / "last.ckpt" if folder is not None else root / LATEST
             raise DataError(f"resume=true but there is no {where} to resume from; run without resume=true (or check "
                             "checkpoint_dir, run, data and backbone)")
@@ -216,18 +220,24 @@ def _new_locked_run(root: Path, log: Callable[[str], None]) -> Iterator[Path]:
         yield folder
 
 
-def stopped_by(trainer: pl.Trainer, exit_: SystemExit) -> str:
-    """``SIGTERM`` or ``Ctrl-C``: what ended the Trainer call that exited with ``exit_``.
+def stopped_by(trainer: pl.Trainer, exit_: BaseException) -> str:
+    """``SIGTERM`` or ``Ctrl-C``: what ended the Trainer call that exited with ``exit_`` (or the stop itself).
 
     Lightning turns a KeyboardInterrupt into ``exit(1)`` (the interrupt is the exit's context); its own SIGTERM
     handler, where ours is not installed, raises a ``SystemExit`` subclass and sets ``received_sigterm``.
     """
-    sigterm = isinstance(exit_.__context__, Terminated) or bool(getattr(trainer, "received_sigterm", False))
+    sigterm = interrupting_signal(exit_) == signal.SIGTERM or bool(getattr(trainer, "received_sigterm", False))
     return "SIGTERM" if sigterm else "Ctrl-C"
 
 
-def interruption_message(stage: str, last: Path, folder: Path, how: str, restart_from: Path | None) -> str:
-    """What a stopped training tells the user: which signal (``how``), which stage, and how to continue."""
+def interruption_message(stage: str, last: Path, folder: Path, how: str, restart_from: Path | None,
+                         interrupted: tuple[Path, int, int] | None = None) -> str:
+    """What a stopped training tells the user: which signal (``how``), which stage, and how to continue.
+    ``interrupted``: the checkpoint of the point reached, its epoch and the batches of that epoch it holds."""
+    if interrupted is not None:
+        path, epoch, batches = interrupted
+        return (f"training stopped in stage {stage} ({how}) in epoch {epoch} after {batches} training batches; "
+                f"{path} holds that point: continue from it with resume=true run={folder.name}")
     if last.is_file():
         return (f"training stopped in stage {stage} ({how}); {last} holds the last finished epoch: continue with "
                 f"resume=true run={folder.name}")

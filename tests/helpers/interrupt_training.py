@@ -18,9 +18,14 @@ delay; ``point`` chooses where, during the save of ``file`` at the end of epoch 
 * ``before-rename`` / ``after-rename``: just before / just after ``os.replace`` moves it over ``file``;
 * ``after-save``: the save of ``file`` has returned (with ``file=best.ckpt``: between best.ckpt and last.ckpt);
 * ``mid-epoch``: no save; the second training batch of epoch ``epoch``, the usual moment of a Ctrl-C;
-* ``in-test``: no save; the first batch of the test that follows the training (``run_test=true``).
+* ``in-test``: no save; the first batch of the test that follows the training (``run_test=true``);
+* ``in-fewshot``: no save; right after PUTM's third E-step in the in-training few-shot check (``fewshot_eval``)
+  that follows epoch ``epoch``;
+* ``in-validation``: no save; inside the first batch of the validation that follows epoch ``epoch`` (the stop
+  is acted on when the next batch starts, outside any ``validation_step``).
 
-Whenever the signal is sent the child prints ``injected <SIGNAL> at <point> of <file> (epoch <epoch>)`` to stderr.
+Whenever the signal is sent the child prints ``injected <SIGNAL> at <point> of <file> (epoch <epoch>)`` to stderr,
+and at its end ``after the signal: N E-steps finished`` (PUTM's E-steps finished after the stop was requested).
 """
 
 from __future__ import annotations
@@ -38,9 +43,13 @@ import torch
 import lightning_putm.pretraining.checkpoints as checkpoints
 from helpers.cli import script_main
 from lightning_putm.cli import run_cli
+from lightning_putm.methods.putm.engines import FusedTrainer
 from lightning_putm.pretraining.module import S2M2Module
+from lightning_putm.signals import stop_requested
 
-POINTS = ("in-write", "before-fsync", "before-rename", "after-rename", "after-save", "mid-epoch", "in-test")
+POINTS = ("in-write", "before-fsync", "before-rename", "after-rename", "after-save", "mid-epoch", "in-test",
+          "in-fewshot", "in-validation")
+FEWSHOT_E_STEP = 3  # in-fewshot: the signal follows this E-step of the few-shot check
 
 
 class Injection:
@@ -52,6 +61,9 @@ class Injection:
         self.signum, self.point, self.file, self.epoch = signum, point, file, epoch
         self.saving = False  # inside the chosen save
         self.fired = False
+        self.validating_epoch = -1  # the epoch whose validation runs (in-fewshot)
+        self.e_steps = 0  # E-steps of the few-shot check after epoch ``epoch``
+        self.e_steps_after = 0  # E-steps finished once the stop was requested
 
     def fire(self, point: str) -> None:
         if self.fired or point != self.point:
@@ -67,6 +79,7 @@ class Injection:
         save_checkpoint = checkpoints.AtomicCheckpointIO.save_checkpoint
         real_save, real_fsync, real_replace = torch.save, os.fsync, os.replace
         training_step, test_step = S2M2Module.training_step, S2M2Module.test_step
+        validation_step = S2M2Module.validation_step
 
         def chosen_save(io: Any, checkpoint: dict, path: Any, storage_options: Any = None) -> None:
             chosen = Path(path).name == injection.file and checkpoint.get("epoch") == injection.epoch
@@ -113,27 +126,53 @@ class Injection:
                 injection.fire("mid-epoch")
             return training_step(module, batch, batch_idx)
 
+        def validate(module: S2M2Module, batch: Any, batch_idx: int, *args: Any) -> Any:
+            if not module.trainer.sanity_checking and module.current_epoch == injection.epoch and batch_idx == 0:
+                injection.fire("in-validation")
+            return validation_step(module, batch, batch_idx, *args)
+
         def test(module: S2M2Module, batch: Any, batch_idx: int) -> Any:
             injection.fire("in-test")
             return test_step(module, batch, batch_idx)
 
+        validation_start, e_step = S2M2Module.on_validation_epoch_start, FusedTrainer.run
+
+        def on_validation_epoch_start(module: S2M2Module) -> None:
+            injection.validating_epoch = -1 if module.trainer.sanity_checking else module.current_epoch
+            validation_start(module)
+
+        def run(engine: FusedTrainer, *args: Any, **kwargs: Any) -> Any:
+            result = e_step(engine, *args, **kwargs)
+            if stop_requested():
+                injection.e_steps_after += 1
+            if injection.validating_epoch == injection.epoch:
+                injection.e_steps += 1
+                if injection.e_steps == FEWSHOT_E_STEP:
+                    injection.fire("in-fewshot")
+            return result
+
         checkpoints.AtomicCheckpointIO.save_checkpoint = chosen_save
         torch.save, os.fsync, os.replace = save, fsync, replace
-        S2M2Module.training_step, S2M2Module.test_step = step, test
+        S2M2Module.training_step, S2M2Module.test_step, S2M2Module.validation_step = step, test, validate
+        S2M2Module.on_validation_epoch_start, FusedTrainer.run = on_validation_epoch_start, run
 
 
 def run_child(command: dict[str, Any]) -> None:
     """In the forked child: redirect output, arm the injection, run the job; never returns."""
     code = 1
+    injection = None
     try:
         fd = os.open(command["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         if command.get("signal"):
-            Injection(getattr(signal, command["signal"]), command["point"], command.get("file", "last.ckpt"),
-                      int(command.get("epoch", 1))).arm()
+            injection = Injection(getattr(signal, command["signal"]), command["point"], command.get("file", "last.ckpt"),
+                                  int(command.get("epoch", 1)))
+            injection.arm()
         code = run_cli(script_main("train_backbone"), command["args"], job="train_backbone")
     finally:
+        if injection is not None:
+            print(f"after the signal: {injection.e_steps_after} E-steps finished", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -29,6 +29,7 @@ from lightning_putm.methods.putm.engines import Engine
 from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.methods.putm.settings import PUTMSettings
 from lightning_putm.methods.putm.step import navigator_step, pair_inputs
+from lightning_putm.signals import check_stop
 
 
 class CompiledTrainer(Engine):
@@ -84,6 +85,7 @@ class CompiledTrainer(Engine):
     def inner_loop(self, inputs: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         forward = backward = cost
         for _ in range(self.settings.inner_steps):
+            check_stop()  # eager only: a CUDA graph replays the loop without Python (em.py checks every E-step)
             forward, backward = self.one_step(inputs, cost)
         return forward, backward
 

@@ -22,6 +22,7 @@ import torch
 from lightning_putm.methods.putm.engines import Engine
 from lightning_putm.methods.putm.m_step import m_step, query_weights, settled
 from lightning_putm.methods.putm.settings import PUTMSettings
+from lightning_putm.signals import check_stop
 
 
 @dataclass
@@ -88,6 +89,7 @@ def em_loop(engine: Engine, rows: torch.Tensor, one_hot: torch.Tensor, prototype
 
     ``rows`` ``[T, S+Q, m]`` (support rows, then queries), ``one_hot`` ``[T, S, N]`` the support weights.
     """
+    check_stop()  # solver=triton runs the whole loop on the device: it stops between chunks
     if hook is None:  # nothing to report between E-steps: the engine may run the whole loop on its device
         whole = engine.whole_em_loop(rows, one_hot, prototypes, ways, progress)
         if whole is not None:
@@ -102,6 +104,7 @@ def em_loop(engine: Engine, rows: torch.Tensor, one_hot: torch.Tensor, prototype
     for step in itertools.chain(progress(range(s.em_steps)), [None]):  # None: the final E-step
         running: list[Part] = []
         for part in parts:
+            check_stop()  # Ctrl-C or SIGTERM: stop between E-steps, in a worker thread too (lightning_putm.signals)
             if s.reinit_navigator:  # Algorithm 1: a new navigator (and Adam state) every EM step
                 part.engine.reinit(part.generators)
             if part.engine.fixed_batch:  # the engine may skip the tasks that already have their result

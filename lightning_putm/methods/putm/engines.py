@@ -32,6 +32,7 @@ from lightning_putm.methods.putm.loss import ct_loss
 from lightning_putm.methods.putm.navigator import Navigator, select_tasks
 from lightning_putm.methods.putm.settings import PUTMSettings
 from lightning_putm.methods.putm.step import StepBuffers, navigator_step, pair_inputs
+from lightning_putm.signals import check_stop
 
 
 class Engine:
@@ -112,6 +113,7 @@ class FusedTrainer(Engine):
             self.buffers = StepBuffers.new(nav, inputs.shape[1], self.compute_dtype)
         forward = backward = cost
         for _ in range(s.inner_steps):
+            check_stop()  # a chunk's E-step can take seconds (max_chunk_tasks): stop between Adam steps
             forward, backward, grad = navigator_step(inputs, cost, nav.stored, nav.biases, nav.widths[-1],
                                                      s.negative_slope, s.rho, s.theta, self.compute_dtype,
                                                      self.buffers)
@@ -156,6 +158,7 @@ def e_step_autograd(navigator: Navigator, optimiser: torch.optim.Optimizer, quer
     forward = backward = cost
     low = compute_dtype != query.dtype
     for _ in range(settings.inner_steps):
+        check_stop()
         optimiser.zero_grad(set_to_none=True)
         with torch.enable_grad():
             with torch.autocast(query.device.type, dtype=compute_dtype, enabled=low):

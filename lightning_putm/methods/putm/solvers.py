@@ -15,8 +15,8 @@ from lightning_putm.methods.putm.settings import PUTMSettings
 
 
 #: CUDA compute capabilities (major) on which ``auto`` picks ``triton``: those a GPU run has shown faster than
-#: ``compiled`` and within the noise floor (an H100, sm_90, 2026-11-27: 959 against 365 tasks/s at T = 10,000,
-#: docs/gpu.md). Other GPUs keep ``compiled`` until ``benchmarks/gpu_check.sh`` has measured the kernel there.
+#: ``compiled`` and within the noise floor (an H100, sm_90; measured: docs/gpu.md#what-to-expect-measured-on-one-h100).
+#: Other GPUs keep ``compiled`` until ``benchmarks/gpu_check.sh`` has measured the kernel there.
 TRITON_AUTO_MAJORS = (9,)
 
 

@@ -109,7 +109,7 @@ class KernelConfig:
 #: The kernels :class:`KernelConfig` can name.
 KERNELS = ("wide", "chunked")
 #: Each kernel's pipeline stages when :attr:`KernelConfig.num_stages` is ``None``: the wide kernel's fastest row of
-#: the H100 sweep (2026-11-27: 878 tasks/s at T = 1000 against 714 with 1 stage, 782 with 2; docs/gpu.md); the
+#: the H100 sweep (measured: docs/lab/gpu-kernel.md, "Measured on the H100: the wide kernel"); the
 #: chunked kernel was timed with 1 stage only.
 DEFAULT_STAGES = {"wide": 3, "chunked": 1}
 #: What :attr:`KernelConfig.scratch` can name (``"lean"``: the wide kernel's ``LEAN``).

@@ -46,7 +46,7 @@ def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[in
     The arguments are the engine's own (:meth:`.triton_engine.TritonTrainer.kernel_arguments`, on CPU tensors), and
     Triton's launcher decides how they specialize the build, as on the GPU: pointers aligned to 16 bytes and
     integers divisible by 16 let it vectorize loads and stores. (A build without that specialization, this
-    function's until 2026-11-27, loads one element per instruction: 4x the global loads and stores of what ran.)"""
+    function's at first, loads one element per instruction: 4x the global loads and stores of what ran.)"""
     import torch
 
     from lightning_putm.methods.putm import triton_kernels

@@ -13,6 +13,7 @@ from typing import Callable, TypeVar
 
 import torch
 
+from lightning_putm.signals import clear_stop, request_stop, stop_requested
 from lightning_putm.tasks import TaskBatch
 
 #: Largest chunk on CPU. Measured (fused fp32 engine, 5-way 1-shot, d = 640, one thread, CPU time per Adam
@@ -47,18 +48,31 @@ def solve_in_threads(solve: Callable[[TaskBatch], tuple[torch.Tensor, State]], p
                      chunk_ends: dict[int, int], workers: int,
                      on_chunk: Callable[[int], None] | None = None) -> tuple[torch.Tensor, State | None]:
     """``solve`` on every part in ``workers`` threads with one kernel thread each (restored after); returns the
-    outputs in order and the state of the last part. ``on_chunk`` hears the size of each finished chunk."""
+    outputs in order and the state of the last part. ``on_chunk`` hears the size of each finished chunk.
+
+    When the main thread leaves early (Ctrl-C, a stop raised by ``on_chunk``, a part that failed), the parts not
+    started are cancelled and the running ones stop at their next :func:`~lightning_putm.signals.check_stop` (a stop
+    this function requests for them alone is cleared once they have ended), instead of running to their end."""
     threads = torch.get_num_threads()
     outputs: list[torch.Tensor] = []
     last_state = None
+    stopped_here = False
     try:
         torch.set_num_threads(1)
         with ThreadPoolExecutor(workers) as pool:
-            for index, (output, state) in enumerate(pool.map(solve, parts)):
-                outputs.append(output)
-                last_state = state
-                if on_chunk is not None and index + 1 in chunk_ends:
-                    on_chunk(chunk_ends[index + 1])
+            try:
+                for index, (output, state) in enumerate(pool.map(solve, parts)):
+                    outputs.append(output)
+                    last_state = state
+                    if on_chunk is not None and index + 1 in chunk_ends:
+                        on_chunk(chunk_ends[index + 1])
+            except BaseException:
+                if not stop_requested():
+                    request_stop(None)
+                    stopped_here = True
+                raise
     finally:
+        if stopped_here:
+            clear_stop()
         torch.set_num_threads(threads)
     return torch.cat(outputs), last_state
