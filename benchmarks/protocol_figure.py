@@ -39,7 +39,7 @@ def draw_tasks(task: int, seed: int) -> list[tuple[str, EpisodeBank]]:
     return [
         ("Dirichlet (Veilleux et al.; PUTM)\n5-way 1-shot, 75 queries, α = 2",
          sample_episode_bank(labels, 5, 1, 75, 2.0, tasks, seed)),
-        ("PADDLE (Martin et al.)\n20-way 1-shot, K_eff = 5, 75 queries, uniform",
+        ("PADDLE (Martin et al.)\n20-way 1-shot, $K_\\mathrm{eff}$ = 5, 75 queries, uniform",
          sample_episode_bank(labels, 20, 1, 75, "uniform", tasks, seed, query_classes=5)),
     ]
 

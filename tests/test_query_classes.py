@@ -363,6 +363,59 @@ def test_run_files_record_k_eff_and_resume_each_k_eff_on_its_own(tmp_path):
     assert {row["query_classes"] for row in _rows(tmp_path / "run" / "per_task.csv")} == {"3"}
 
 
+def _table_run(folder, keffs, seed=0):
+    """A run folder as ``evaluate.py ways=5 queries=15 tasks=6 'alphas=[uniform]' seed=<seed>`` with one K_eff per
+    value of ``keffs`` leaves it (SimpleShot's accuracies hand-made, the banks real)."""
+    from lightning_putm.config import to_yaml
+    from lightning_putm.evaluation.records import Provenance
+    from lightning_putm.evaluation.report import write_report
+    from lightning_putm.evaluation.runner import SettingResult
+
+    labels = labels_with_sizes([30] * 10)
+    results = [SettingResult("simpleshot", 1, UNIFORM, torch.linspace(0.5, 1.0, 6, dtype=torch.float64), 1.0,
+                             sample_episode_bank(labels, 5, 1, 15, UNIFORM, 6, seed, query_classes=keff),
+                             precision="fp32") for keff in keffs]
+    config = load_evaluate_config(["features=feats/digits.pt", f"seed={seed}", "queries=15", "tasks=6", "ways=5",
+                                   f"output_dir={folder}", "logger=none"])
+    write_report(results, folder, to_yaml(config), Provenance("cpu (test CPU, 2 cores)", "2", "2", 1))
+    return folder
+
+
+def test_the_table_shows_each_k_eff_as_its_own_block_and_compares_present_classes(tmp_path):
+    """Three runs of one source, shot and seed: the default protocol, K_eff = 2, K_eff = 3 (and the default with
+    K_eff = 2 in one list run). Each K_eff is its own block, after the default one, none refused for differing
+    from another; the K_eff = 2 cell of the list run and the single run is one bank. A run whose K_eff = 2 tasks
+    name other present classes (same classes, same counts) is refused, naming the task and the present classes.
+
+    Kills: K_eff left out of the cell (K_eff = 2 and 3 merged, or refused as different banks of one cell, or the
+    list run refused against the single one for its config's ``query_classes``); present classes left out of the
+    bank comparison."""
+    from lightning_putm.errors import DataError
+    from lightning_putm.studies import table_runs
+
+    default = _table_run(tmp_path / "default", [None])
+    listed = _table_run(tmp_path / "listed", [None, 2])
+    two = _table_run(tmp_path / "two", [2])
+    three = _table_run(tmp_path / "three", [3])
+    merged = table_runs.make_table([default, listed, two, three])
+    assert [setting.label for setting in merged.settings] == ["uniform", "K_eff = 2, uniform", "K_eff = 3, uniform"]
+    assert len(merged.columns) == 1
+    path = two / "per_task.csv"
+    rows = _rows(path)
+    classes = rows[0]["class_ids"].split(";")
+    counts = rows[0]["query_counts"].split(";")
+    empty = [c for c, n in zip(classes, counts) if n == "0" and c not in rows[0]["present_classes"].split(";")]
+    present = rows[0]["present_classes"].split(";")
+    rows[0]["present_classes"] = ";".join(sorted([*present[:-1], empty[0]], key=classes.index))
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    with pytest.raises(DataError, match=r"1-shot query_classes=2;alpha=uniform .* different episode banks: task 0 "
+                                        r"has present classes"):
+        table_runs.make_table([listed, two])
+
+
 def test_a_default_run_writes_the_columns_it_wrote_before(tmp_path):
     """Without ``query_classes`` neither file gets its columns, and the console table has no K_eff column.
 
