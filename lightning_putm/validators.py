@@ -17,6 +17,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from lightning_putm.errors import ConfigError
 
 BALANCED = "balanced"
+#: The ``alphas`` word of PADDLE's query sampling (Martin et al., NeurIPS 2022: ``sampling: 'uniform'``): a task's
+#: queries drawn uniformly at random from the pooled images of the classes present in its query set.
+UNIFORM = "uniform"
 #: A suggestion scoring this much less than the best one (difflib ratio) is left out: ``em_step`` → ``em_steps``,
 #: not also ``inner_steps``.
 MATCH_MARGIN = 0.1
@@ -170,25 +173,70 @@ def as_list(value: Any) -> list[Any]:
     return [value]
 
 
-def parse_alpha(value: Any, key: str = "alphas") -> float | None:
-    """A Dirichlet α (finite, > 0) or ``balanced`` → ``None``; numbers written as text are accepted."""
+def parse_alpha(value: Any, key: str = "alphas", uniform: bool = False) -> float | str | None:
+    """A Dirichlet α (finite, > 0) or ``balanced`` → ``None``; numbers written as text are accepted. With
+    ``uniform=True`` (evaluation settings and their result files) the word ``uniform`` is kept as :data:`UNIFORM`."""
+    words = f"`{BALANCED}`" + (f" or `{UNIFORM}`" if uniform else "")
     if isinstance(value, str) and value.strip().lower() == BALANCED:
         return None
+    if uniform and isinstance(value, str) and value.strip().lower() == UNIFORM:
+        return UNIFORM
     if isinstance(value, bool):
-        raise ConfigError(f"{key}: {value!r} is neither a positive number nor `balanced`")
+        raise ConfigError(f"{key}: {value!r} is neither a positive number nor {words}")
     if not isinstance(value, (int, float)):
         try:
             value = float(value)
         except (TypeError, ValueError):
-            raise ConfigError(f"{key}: {value!r} is neither a positive number nor `balanced`") from None
+            raise ConfigError(f"{key}: {value!r} is neither a positive number nor {words}") from None
     if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{key}: Dirichlet alpha must be > 0 (or `balanced`), got {value!r}")
+        raise ConfigError(f"{key}: Dirichlet alpha must be > 0 (or {words}), got {value!r}")
     return float(value)
 
 
-def alpha_label(alpha: float | None) -> str:
-    """How an α is written in tables and files: ``balanced`` or ``%g``."""
-    return BALANCED if alpha is None else f"{alpha:g}"
+def alpha_label(alpha: float | str | None) -> str:
+    """How an α is written in tables and files: ``balanced``, ``uniform`` or ``%g``."""
+    if alpha is None:
+        return BALANCED
+    return alpha if isinstance(alpha, str) else f"{alpha:g}"
+
+
+#: The ``query_classes`` words (and ``null``) for the default protocol: every one of the N classes in the query set.
+ALL_CLASSES = "all"
+
+
+def parse_query_classes(value: Any, ways: int, key: str = "query_classes") -> list[int | None]:
+    """The K_eff values of ``query_classes`` (a value or a list; ``null`` = ``[None]``), each once. K_eff, the number
+    of a task's N classes present in its query set (PADDLE's protocol), is an integer from 1 to ``ways``; ``null``
+    or ``all`` → ``None``, the default protocol (all N classes, counts by ``alphas``)."""
+    values = [parse_k_eff(item, ways, key) for item in as_list(value)] or [None]
+    distinct(values, key, query_classes_label)
+    return values
+
+
+def parse_k_eff(value: Any, ways: int, key: str = "query_classes") -> int | None:
+    """One K_eff (see :func:`parse_query_classes`)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in (ALL_CLASSES, "null", "none")):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= ways:
+        raise ConfigError(f"`{key}` must be an integer from 1 to ways={ways} (the classes present in each query set), "
+                          f"or null/all for all {ways}; got {value!r}")
+    return int(value)
+
+
+def query_classes_label(query_classes: int | None) -> str:
+    """How K_eff is written in tables and files: ``all`` (the default protocol) or the number."""
+    return ALL_CLASSES if query_classes is None else str(query_classes)
+
+
+def is_balanced(alpha: float | str | None, query_classes: int | None, ways: int) -> bool:
+    """Whether every one of a task's N classes gets Q/N queries (``balanced``, all N present): the protocol flag
+    methods are built with (their public configurations differ between balanced and imbalanced tasks)."""
+    return alpha is None and query_classes in (None, ways)
+
+
+def protocol_flags(alphas: Iterable[float | str | None], query_classes: Iterable[int | None], ways: int) -> list[bool]:
+    """The protocol flags of a run's banks (:func:`is_balanced`), each once, False first."""
+    return sorted({is_balanced(alpha, keff, ways) for alpha in alphas for keff in query_classes})
 
 
 def distinct(values: list[Any], key: str, label: Callable[[Any], str] = str) -> None:

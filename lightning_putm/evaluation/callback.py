@@ -42,7 +42,7 @@ from lightning_putm.features.cache import FeatureCache
 from lightning_putm.features.extraction import FeatureCollector
 from lightning_putm.methods import method_uses_base_mean
 from lightning_putm.runs import remove_stale
-from lightning_putm.validators import alpha_label
+from lightning_putm.validators import alpha_label, query_classes_label
 
 #: What an evaluation writes into its folder (a re-run into the same folder removes what it did not rewrite).
 MANAGED_FILES = ("results.csv", "per_task.csv", "config.yaml", "plots/*.png", "plots/*.pdf", "plots/*.svg",
@@ -171,10 +171,12 @@ class FewShotEvaluationCallback(FeatureCollector):
         s, k = self.settings, self.every_n_val_epochs
         when = "after every validation epoch" if k == 1 else \
             f"after the validation of every {k} epochs (epochs {k}, {2 * (k or 1)}, ...)"
-        per_method = len(s.shots) * len(s.alphas) * s.tasks
+        per_method = len(s.shots) * len(s.query_classes) * len(s.alphas) * s.tasks
+        keff = "" if s.query_classes == [None] else \
+            f" x query_classes {command_line_value([query_classes_label(k) for k in s.query_classes])}"
         base = " (and the base features for CL2N)" if self.base_features_from is not None and any(
             method_uses_base_mean(m) for m in s.methods) else ""
-        return (f"few-shot check {when}: {', '.join(s.methods)} on shots {command_line_value(s.shots)} x alphas "
+        return (f"few-shot check {when}: {', '.join(s.methods)} on shots {command_line_value(s.shots)}{keff} x alphas "
                 f"{command_line_value([alpha_label(a) for a in s.alphas])} x {s.tasks} tasks "
                 f"= {per_method} tasks per method on the validation features{base}; its time is printed after the "
                 "first check")
@@ -245,8 +247,9 @@ class FewShotEvaluationCallback(FeatureCollector):
             say(notice)
         self.results = results
         summaries = [r.summary() for r in results]
-        for summary in summaries:
-            key = f"{prefix}/{summary.method}/{summary.shots}shot/alpha_{summary.alpha_label}"
+        for summary in summaries:  # K_eff, when set, between the shot and α: a default run's keys are as before
+            keff = "" if summary.query_classes is None else f"/keff_{summary.query_classes}"
+            key = f"{prefix}/{summary.method}/{summary.shots}shot{keff}/alpha_{summary.alpha_label}"
             pl_module.log(f"{key}/acc", round(summary.accuracy, 4), rank_zero_only=True)
             pl_module.log(f"{key}/ci95", round(summary.ci95, 4), rank_zero_only=True)
         if not rank_zero:

@@ -24,9 +24,9 @@ from lightning_putm.validators import alpha_label, did_you_mean
 
 #: ``conf/evaluate.yaml``'s evaluation settings, taken by the callback as keyword arguments (``method_params`` is the
 #: file's ``method`` section: ``method_params={"putm": {"rho": 0.7}}`` is ``method.putm.rho=0.7``).
-CALLBACK_KEYS = ("methods", "ways", "shots", "queries", "alphas", "tasks", "seed", "base_features", "oracle_prior",
-                 "allow_pickle", "device", "memory_budget_mb", "output_dir", "progress", "plots", "plot_task", "split",
-                 "method_params")
+CALLBACK_KEYS = ("methods", "ways", "shots", "queries", "alphas", "query_classes", "tasks", "seed", "base_features",
+                 "oracle_prior", "allow_pickle", "device", "memory_budget_mb", "output_dir", "progress", "plots",
+                 "plot_task", "split", "method_params")
 
 #: The other keys of ``conf/evaluate.yaml``, and why the callback does not take them.
 _SOURCE = ("chooses what evaluate.py extracts features from; the callback evaluates the features your module's "
@@ -83,7 +83,10 @@ def settings_yaml(settings: EvaluationSettings) -> str:
     """The evaluation settings as run, every default filled in (each method's full settings): the ``config.yaml``
     that a callback built from keyword arguments writes next to its results."""
     record = {"methods": settings.methods, "ways": settings.ways, "shots": settings.shots,
-              "queries": settings.queries, "alphas": [alpha_label(a) for a in settings.alphas], "tasks": settings.tasks,
+              "queries": settings.queries, "alphas": [alpha_label(a) for a in settings.alphas],
+              "query_classes": (settings.query_classes if len(settings.query_classes) > 1
+                                else settings.query_classes[0]),
+              "tasks": settings.tasks,
               "seed": settings.seed, "base_features": settings.base_features, "oracle_prior": settings.oracle_prior,
               "device": str(settings.device), "memory_budget_mb": settings.memory_budget_mb, "split": settings.split,
               "method_params": settings.method_params}

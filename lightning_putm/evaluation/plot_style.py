@@ -25,6 +25,7 @@ from lightning_putm.methods import method_display_name
 
 
 BALANCED = "balanced"
+UNIFORM = "uniform"
 #: Raster resolution of the PNGs (print quality); the PDF/SVG are vector and resolution-free.
 DPI = 300
 
@@ -208,11 +209,15 @@ def dataset_label(source: str | None) -> str | None:
     return Path(text).name if ("/" in text or "\\" in text) else text
 
 
-def protocol_text(ways: int | None = None, queries: int | None = None, tasks: Sequence[int] = ()) -> str:
-    """``5-way, 75 queries, 1000 tasks per point`` (each part only when known; ``100–1000`` when tasks differ)."""
+def protocol_text(ways: int | None = None, queries: int | None = None, tasks: Sequence[int] = (),
+                  query_classes: int | None = None) -> str:
+    """``5-way, 75 queries, 1000 tasks per point`` (each part only when known; ``100–1000`` when tasks differ);
+    with K_eff ``20-way, 5 classes in the query set, 75 queries, ...``."""
     parts = []
     if ways:
         parts.append(f"{ways}-way")
+    if query_classes is not None:
+        parts.append(f"{query_classes} classes in the query set")
     if queries:
         parts.append(f"{queries} queries")
     known = sorted({int(t) for t in tasks if t})
@@ -223,13 +228,15 @@ def protocol_text(ways: int | None = None, queries: int | None = None, tasks: Se
 
 
 def task_caption(shots: int, alpha: str, task: int, dataset: str | None = None, ways: int | None = None,
-                 queries: int | None = None) -> str:
+                 queries: int | None = None, query_classes: int | None = None) -> str:
     """The line naming one task of a case-study figure: ``omniglot/test (best.ckpt): 5-way 1-shot, 75 queries,
-    α = 1, task 0``."""
+    α = 1, task 0`` (with K_eff: ``20-way 1-shot, 5 classes in the query set, 75 queries, uniform, task 0``)."""
     shape = f"{ways}-way {shots}-shot" if ways else f"{shots}-shot"
+    if query_classes is not None:
+        shape += f", {query_classes} classes in the query set"
     if queries:
         shape += f", {queries} queries"
-    imbalance = "balanced" if alpha == BALANCED else rf"$\alpha$ = {alpha}"
+    imbalance = alpha if alpha in (BALANCED, UNIFORM) else rf"$\alpha$ = {alpha}"
     text = f"{shape}, {imbalance}, task {task}"
     return f"{dataset}: {text}" if dataset else text
 

@@ -29,9 +29,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from lightning_putm.evaluation.plot_style import (BALANCED, DEFAULT_FORMATS, class_colours, column_width, display_label,
-                                                  figure_paths, format_number, legend_columns, method_styles,
-                                                  new_figure, paper_style, protocol_text, save_figure)
+from lightning_putm.evaluation.plot_style import (BALANCED, DEFAULT_FORMATS, UNIFORM, class_colours, column_width,
+                                                  display_label, figure_paths, format_number, legend_columns,
+                                                  method_styles, new_figure, paper_style, protocol_text, save_figure)
 from lightning_putm.evaluation.records import Summary, as_summaries
 
 __all__ = ["class_labels", "plot_accuracy_vs_alpha", "plot_query_counts", "plot_prototype_tsne"]
@@ -44,6 +44,7 @@ QUERY_LEGEND = "query (colour: its true class)"
 # gid prefixes of the artists that carry data (lets tests and callers find them among decoration lines)
 ALPHA_LINE_GID = "alpha-line"
 BALANCED_POINT_GID = "balanced-point"
+UNIFORM_POINT_GID = "uniform-point"
 
 
 def _as_array(value: Any, name: str) -> np.ndarray:
@@ -62,7 +63,7 @@ def _as_array(value: Any, name: str) -> np.ndarray:
 def _parse_accuracy_rows(rows: Sequence[Summary | Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Summaries (or rows of a saved results.csv) as plot items keyed by (method, oracle prior)."""
     parsed: list[dict[str, Any]] = []
-    seen: set[tuple[str, bool, int, float | None]] = set()
+    seen: set[tuple[str, bool, int, float | str | None]] = set()
     for index, summary in enumerate(as_summaries(rows)):
         item = {"key": (summary.method, summary.oracle_prior), "shots": summary.shots, "alpha": summary.alpha,
                 "accuracy": summary.accuracy, "ci95": summary.ci95, "tasks": summary.tasks}
@@ -76,7 +77,7 @@ def _parse_accuracy_rows(rows: Sequence[Summary | Mapping[str, Any]]) -> list[di
 
 def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width: str | float = "auto",
                               dataset: str | None = None, ways: int | None = None, queries: int | None = None,
-                              title: str | None = None) -> Figure:
+                              title: str | None = None, query_classes: int | None = None) -> Figure:
     """Build (without saving) the accuracy-vs-α figure: one panel per shot, one marker-and-line per method.
 
     The title says what stands behind the points: the features (``dataset``), the task shape, the tasks per point
@@ -84,17 +85,21 @@ def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width
 
     Numeric α values sit at evenly spaced positions (the paper's α grid spans orders of magnitude, so category
     spacing reads better than a linear axis); ``balanced`` gets its own position to the right, behind a dotted
-    separator, because it is the limit α → ∞ rather than a point on the grid. Every point carries its 95% CI
-    as a capped error bar; methods are dodged sideways a little so ten of them stay readable.
+    separator, because it is the limit α → ∞ rather than a point on the grid; ``uniform`` (PADDLE's draw, no α at
+    all) sits after it. Every point carries its 95% CI as a capped error bar; methods are dodged sideways a little so
+    ten of them stay readable. ``query_classes`` (K_eff) is named in the title.
     """
     parsed = _parse_accuracy_rows(rows)
     keys = list(dict.fromkeys(item["key"] for item in parsed))
     styles = method_styles(keys)
     shots = sorted({item["shots"] for item in parsed})
-    alphas = sorted({item["alpha"] for item in parsed if item["alpha"] is not None})
-    has_balanced = any(item["alpha"] is None for item in parsed)
+    alphas = sorted({item["alpha"] for item in parsed if item["alpha"] not in (None, UNIFORM)})
+    # the words after the grid, each at its own position: None (balanced), then uniform
+    words = [word for word in (None, UNIFORM) if any(item["alpha"] == word for item in parsed)]
     position = {alpha: float(i) for i, alpha in enumerate(alphas)}
-    balanced_x = len(alphas) + 0.5 if alphas else 0.0
+    first_word_x = len(alphas) + 0.5 if alphas else 0.0
+    word_x = {word: first_word_x + i for i, word in enumerate(words)}
+    word_gid = {None: BALANCED_POINT_GID, UNIFORM: UNIFORM_POINT_GID}
     step = min(0.1, 0.7 / len(keys))
     dodge = {key: step * (i - (len(keys) - 1) / 2) for i, key in enumerate(keys)}
 
@@ -113,7 +118,8 @@ def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width
                           "markerfacecolor": style.colour if style.filled else "white",
                           "zorder": 3 if key == ("putm", False) else 2}
                 mine = [item for item in parsed if item["key"] == key and item["shots"] == shot]
-                numeric = sorted((item for item in mine if item["alpha"] is not None), key=lambda item: item["alpha"])
+                numeric = sorted((item for item in mine if item["alpha"] not in (None, UNIFORM)),
+                                 key=lambda item: item["alpha"])
                 if numeric:
                     x = np.array([position[item["alpha"]] for item in numeric]) + dodge[key]
                     container = ax.errorbar(x, [item["accuracy"] for item in numeric],
@@ -122,17 +128,19 @@ def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width
                     container.lines[0].set_gid(f"{ALPHA_LINE_GID}:{label}")
                     container.lines[0].set_label(label)  # errorbar labels only the container
                 for item in mine:
-                    if item["alpha"] is None:
-                        container = ax.errorbar([balanced_x + dodge[key]], [item["accuracy"]], yerr=[item["ci95"]],
-                                                linestyle="none", label=f"_{label} (balanced)", **common)
-                        container.lines[0].set_gid(f"{BALANCED_POINT_GID}:{label}")
+                    if item["alpha"] in word_x:
+                        word = BALANCED if item["alpha"] is None else item["alpha"]
+                        container = ax.errorbar([word_x[item["alpha"]] + dodge[key]], [item["accuracy"]],
+                                                yerr=[item["ci95"]], linestyle="none", label=f"_{label} ({word})",
+                                                **common)
+                        container.lines[0].set_gid(f"{word_gid[item['alpha']]}:{label}")
             ticks = [position[a] for a in alphas]
             labels = [f"{a:g}" for a in alphas]
-            if has_balanced:
-                ticks.append(balanced_x)
-                labels.append(BALANCED)
-                if alphas:
-                    ax.axvline((len(alphas) - 1 + balanced_x) / 2, color="0.6", linestyle=":", linewidth=0.7)
+            for word in words:
+                ticks.append(word_x[word])
+                labels.append(BALANCED if word is None else word)
+            if words and alphas:
+                ax.axvline((len(alphas) - 1 + first_word_x) / 2, color="0.6", linestyle=":", linewidth=0.7)
             ax.set_xticks(ticks, labels)
             ax.set_xlim(min(ticks) - 0.5, max(ticks) + 0.5)
             ax.set_xlabel(r"Dirichlet concentration $\alpha$")
@@ -147,7 +155,7 @@ def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width
                           label=display_label(*k)) for k in keys]
         figure.legend(handles=handles, loc="outside lower center", ncols=columns)
         if title != "":
-            protocol = protocol_text(ways, queries, [item["tasks"] for item in parsed])
+            protocol = protocol_text(ways, queries, [item["tasks"] for item in parsed], query_classes)
             first = title or ": ".join(p for p in (dataset, protocol) if p) or "Accuracy against query imbalance"
             figure.suptitle(f"{first}\nmean accuracy over the tasks; bars: 95% CI")
     return figure
@@ -156,7 +164,7 @@ def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width
 def plot_accuracy_vs_alpha(rows: Sequence[Summary | Mapping[str, Any]], path: str | os.PathLike[str],
                            formats: Sequence[str] = DEFAULT_FORMATS, width: str | float = "auto",
                            dataset: str | None = None, ways: int | None = None, queries: int | None = None,
-                           title: str | None = None) -> Path:
+                           title: str | None = None, query_classes: int | None = None) -> Path:
     """Accuracy (mean with 95% CI error bars) against the Dirichlet α of the query imbalance, per method and shot.
 
     Reproduces the robustness-to-imbalance figure of Tian et al., ICCV 2023: methods that assume a uniform class
@@ -166,10 +174,11 @@ def plot_accuracy_vs_alpha(rows: Sequence[Summary | Mapping[str, Any]], path: st
     ``.pdf`` or ``.svg``; the other ``formats`` are written next to it. ``width``: ``"auto"`` (one column for one
     shot, two columns for several), ``"single"``, ``"double"`` or inches. The title names ``dataset`` (see
     :func:`dataset_label`), ``ways``, ``queries``, the tasks per point and that the bars are 95% CIs; ``title``
-    replaces its first line and ``title=""`` drops it (for a paper, where the caption says it). Returns ``path``.
+    replaces its first line and ``title=""`` drops it (for a paper, where the caption says it). ``query_classes``:
+    the K_eff of the rows (PADDLE's protocol; one figure per K_eff), named in the title. Returns ``path``.
     """
     paths = figure_paths(path, formats)
-    return save_figure(_accuracy_vs_alpha_figure(rows, width, dataset, ways, queries, title), paths)
+    return save_figure(_accuracy_vs_alpha_figure(rows, width, dataset, ways, queries, title, query_classes), paths)
 
 
 # ------------------------------------------------------------------------------------ class names of a task

@@ -13,20 +13,25 @@ from typing import Any, Callable, Iterable, Sequence
 
 from lightning_putm.atomic import atomic_write_dict_csv, atomic_write_text
 from lightning_putm.evaluation import plot_style, plots
-from lightning_putm.evaluation.records import PROVENANCE_COLUMNS, Provenance, SUMMARY_COLUMNS, Summary
+from lightning_putm.evaluation.records import (QUERY_CLASSES_COLUMN, Provenance, Summary, summary_columns,
+                                               uses_query_classes)
 from lightning_putm.evaluation.runner import SettingResult
 from lightning_putm.evaluation.settings import EvaluationSettings
 from lightning_putm.features.files import FeatureSet
 from lightning_putm.methods import build_method
 from lightning_putm.metrics import task_accuracy
+from lightning_putm.validators import UNIFORM, query_classes_label
 
 
 def format_table(summaries: Sequence[Summary]) -> str:
-    """A fixed-width text table: method, shot, α, accuracy ± 95% CI, tasks, seconds, oracle prior."""
-    header = ["method", "shots", "alpha", "accuracy (%)", "tasks", "time (s)", "oracle_prior"]
+    """A fixed-width text table: method, shot, (K_eff,) α, accuracy ± 95% CI, tasks, seconds, oracle prior; the K_eff
+    column only when a result has one."""
+    keff = uses_query_classes(summaries)
+    header = ["method", "shots", *(["K_eff"] if keff else []), "alpha", "accuracy (%)", "tasks", "time (s)",
+              "oracle_prior"]
     body = [
-        [s.method, str(s.shots), s.alpha_label, f"{s.accuracy:.2f} ± {s.ci95:.2f}", str(s.tasks), f"{s.seconds:.1f}",
-         "true" if s.oracle_prior else "false"]
+        [s.method, str(s.shots), *([s.query_classes_label] if keff else []), s.alpha_label,
+         f"{s.accuracy:.2f} ± {s.ci95:.2f}", str(s.tasks), f"{s.seconds:.1f}", "true" if s.oracle_prior else "false"]
         for s in summaries
     ]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(header)]
@@ -69,26 +74,41 @@ def wrote_line(paths: dict[str, Path], folder: Path) -> str:
     return f"wrote results to {folder}/ ({', '.join(names)})"
 
 
+#: The per-task column of the classes drawn present in a task's query set (with K_eff; dataset class ids, in the
+#: order of ``class_ids``); a present class can still get no query when its count is drawn 0 (Dirichlet, uniform).
+PRESENT_CLASSES_COLUMN = "present_classes"
+
+
 def per_task_rows(results: list[SettingResult]) -> list[dict[str, Any]]:
-    """One row per (method, shot, α, task) with the task's query counts and imbalance."""
+    """One row per (method, shot, K_eff, α, task) with the task's query counts and imbalance; when a result has a
+    K_eff, every row also gets its ``query_classes`` and ``present_classes`` (a default run's rows are as before)."""
+    keff = uses_query_classes(results)
     rows = []
     for result in results:
         bank = result.bank
         imbalance = bank.imbalance()
         for t in range(len(bank)):
             counts = bank.query_counts[t].tolist()
-            rows.append({
-                "method": result.method,
-                "shots": result.shots,
+            class_ids = bank.class_ids[t].tolist()
+            row: dict[str, Any] = {"method": result.method, "shots": result.shots}
+            if keff:
+                row[QUERY_CLASSES_COLUMN] = query_classes_label(result.query_classes)
+            row.update({
                 "alpha": result.alpha_label,
                 "task": t,
                 "accuracy": f"{float(result.accuracies[t]):.6f}",
                 "oracle_prior": "true" if result.oracle_prior else "false",
                 "query_counts": ";".join(str(c) for c in counts),
-                "class_ids": ";".join(str(c) for c in bank.class_ids[t].tolist()),
+                "class_ids": ";".join(str(c) for c in class_ids),
+            })
+            if keff:
+                present = bank.present[t].tolist()
+                row[PRESENT_CLASSES_COLUMN] = ";".join(str(c) for c, p in zip(class_ids, present) if p)
+            row.update({
                 "max_min_ratio": f"{float(imbalance['max_min_ratio'][t]):.4f}",
                 "normalised_entropy": f"{float(imbalance['normalised_entropy'][t]):.6f}",
             })
+            rows.append(row)
     return rows
 
 
@@ -101,9 +121,11 @@ def write_report(results: Sequence[SettingResult], output_dir: Path, config_yaml
                  provenance: Provenance | None = None) -> dict[str, Path]:
     """``results.csv`` (summary, with provenance columns), ``per_task.csv`` and ``config.yaml`` in ``output_dir``."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    columns = SUMMARY_COLUMNS + (PROVENANCE_COLUMNS if provenance is not None else [])
+    summaries = [r.summary() for r in results]
+    columns = summary_columns(summaries, provenance is not None)
+    keff = QUERY_CLASSES_COLUMN in columns
     paths = {
-        "results": write_csv(output_dir / "results.csv", [r.summary().csv_row(provenance) for r in results], columns),
+        "results": write_csv(output_dir / "results.csv", [s.csv_row(provenance, keff) for s in summaries], columns),
         "per_task": write_csv(output_dir / "per_task.csv", per_task_rows(results)),
     }
     if config_yaml is not None:
@@ -115,8 +137,8 @@ def putm_case_study(results: Sequence[SettingResult], feature_set: FeatureSet, s
                     task: int = 0) -> dict[str, Any] | None:
     """Re-solve one task with PUTM alone and return what the case-study figures need.
 
-    The task is ``task`` of the first shot's first imbalanced α (balanced if none). A task's PUTM result is
-    bit-identical alone or in a batch, so the estimate shown is exactly the one that was evaluated
+    The task is ``task`` of the first shot's first imbalanced bank (α or K_eff; balanced if none). A task's PUTM
+    result is bit-identical alone or in a batch, so the estimate shown is exactly the one that was evaluated
     (``matches_evaluation`` records the check).
     """
     putm = [r for r in results if r.method == "putm"]
@@ -124,13 +146,13 @@ def putm_case_study(results: Sequence[SettingResult], feature_set: FeatureSet, s
         return None
     first_shot = putm[0].shots
     candidates = [r for r in putm if r.shots == first_shot]
-    chosen = next((r for r in candidates if r.alpha is not None), candidates[0])
+    chosen = next((r for r in candidates if not r.bank.balanced), candidates[0])
     bank = chosen.bank
     t = max(0, min(int(task), len(bank) - 1))
     gathered = bank.gather(feature_set.features, settings.device)
     single = gathered.batch.slice(t, t + 1)
     method = build_method("putm", settings.method_params.get("putm", {}), shots=chosen.shots,
-                          balanced=chosen.alpha is None, memory_budget_mb=settings.memory_budget_mb)
+                          balanced=chosen.bank.balanced, memory_budget_mb=settings.memory_budget_mb)
     probabilities = method.predict(single)
     accuracy = float(task_accuracy(probabilities, gathered.query_labels[t:t + 1])[0])
     state = method.last_state
@@ -142,6 +164,7 @@ def putm_case_study(results: Sequence[SettingResult], feature_set: FeatureSet, s
     return {
         "shots": chosen.shots,
         "alpha": chosen.alpha_label,
+        "query_classes": chosen.query_classes,
         "task": t,
         "class_names": [feature_set.class_names[c] for c in bank.class_ids[t].tolist()],
         "true_counts": bank.query_counts[t].tolist(),
@@ -164,14 +187,19 @@ def make_plots(results: Sequence[SettingResult], feature_set: FeatureSet, settin
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     dataset = plot_style.dataset_label(feature_set.metadata.get("source"))  # every figure names its features
-    figures = {"accuracy_vs_alpha": plots.plot_accuracy_vs_alpha(
-        [r.summary() for r in results], folder / "accuracy_vs_alpha.png", dataset=dataset, ways=settings.ways,
-        queries=settings.queries)}
+    summaries = [r.summary() for r in results]
+    figures = {}
+    for keff in dict.fromkeys(s.query_classes for s in summaries):  # one accuracy-vs-α figure per K_eff
+        name = "accuracy_vs_alpha" if keff is None else f"accuracy_vs_alpha_keff{keff}"
+        figures[name] = plots.plot_accuracy_vs_alpha(
+            [s for s in summaries if s.query_classes == keff], folder / f"{name}.png", dataset=dataset,
+            ways=settings.ways, queries=settings.queries, query_classes=keff)
     case = putm_case_study(results, feature_set, settings, task)
     if case is not None:
-        where = f"{case['shots']}-shot alpha={case['alpha']} task {case['task']}"
+        keff = "" if case["query_classes"] is None else f" K_eff={case['query_classes']}"
+        where = f"{case['shots']}-shot{keff} alpha={case['alpha']} task {case['task']}"
         typeset = plot_style.task_caption(case["shots"], case["alpha"], case["task"], dataset, settings.ways,
-                                     settings.queries)
+                                          settings.queries, case["query_classes"])
         figures["putm_query_counts"] = plots.plot_query_counts(
             case["true_counts"], case["estimated_counts"], folder / "putm_query_counts.png",
             class_names=case["class_names"], title=f"PUTM class-count estimate\n{typeset}")
@@ -229,7 +257,7 @@ BASELINE = "simpleshot"
 
 
 def run_summary_metrics(summaries: Sequence[Summary], prefix: str) -> dict[str, float]:
-    """``<prefix>/<method>/acc``: each method's mean accuracy over this run's own (shot, α) settings.
+    """``<prefix>/<method>/acc``: each method's mean accuracy over this run's own (shot, K_eff, α) settings.
 
     Every run logs it whatever its settings, so a W&B sweep can optimise one metric name over grid points that
     differ in shots or α (a run with one shot and one α: that setting's accuracy).
@@ -247,14 +275,14 @@ def run_summary_metrics(summaries: Sequence[Summary], prefix: str) -> dict[str, 
 
 
 def worst_gain(summaries: Sequence[Summary], method: str, other: str) -> float:
-    """``min`` over the (shot, α) settings both methods ran of ``acc(method) − acc(other)``, in points.
+    """``min`` over the (shot, K_eff, α) settings both methods ran of ``acc(method) − acc(other)``, in points.
 
     Positive: ``method`` beats ``other`` in every setting; it is the number to maximise when selecting a setting
     that must never lose to a baseline. Raises ``ValueError`` when the two share no setting.
     """
-    accuracy = {(s.method, s.shots, s.alpha_label): s.accuracy for s in summaries}
-    gains = [accuracy[(method, shots, alpha)] - value for (name, shots, alpha), value in accuracy.items()
-             if name == other and (method, shots, alpha) in accuracy]
+    accuracy = {(s.method, s.shots, s.query_classes_label, s.alpha_label): s.accuracy for s in summaries}
+    gains = [accuracy[(method, *setting)] - value for (name, *setting), value in accuracy.items()
+             if name == other and (method, *setting) in accuracy]
     if not gains:
         raise ValueError(f"{method} and {other} share no (shot, alpha) setting")
     return min(gains)
@@ -263,21 +291,25 @@ def worst_gain(summaries: Sequence[Summary], method: str, other: str) -> float:
 def log_to_wandb(run: Any, summaries: Sequence[Summary], figures: dict[str, Path], prefix: str) -> None:
     import wandb
 
-    rows = [s.csv_row() for s in summaries]
+    columns = summary_columns(summaries)
+    rows = [s.csv_row(query_classes=QUERY_CLASSES_COLUMN in columns) for s in summaries]
     payload: dict[str, Any] = {
-        f"{prefix}/results": wandb.Table(columns=SUMMARY_COLUMNS, data=[[row[c] for c in SUMMARY_COLUMNS] for row in rows]),
+        f"{prefix}/results": wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows]),
         **run_summary_metrics(summaries, prefix),
     }
-    for shots in sorted({s.shots for s in summaries}):
-        numeric = [s for s in summaries if s.shots == shots and s.alpha is not None]
+    for shots, keff in dict.fromkeys((s.shots, s.query_classes) for s in sorted(summaries, key=lambda s: s.shots)):
+        numeric = [s for s in summaries
+                   if s.shots == shots and s.query_classes == keff and s.alpha not in (None, UNIFORM)]
         alphas = sorted({s.alpha for s in numeric})
         methods = list(dict.fromkeys(s.method for s in numeric))
         if not alphas:
             continue
         accuracy = {(s.method, s.alpha): round(s.accuracy, 4) for s in numeric}
-        payload[f"{prefix}/accuracy_vs_alpha/{shots}shot"] = wandb.plot.line_series(
+        where = f"{shots}shot" if keff is None else f"{shots}shot_keff{keff}"
+        present = "" if keff is None else f", {keff} classes in the query set"
+        payload[f"{prefix}/accuracy_vs_alpha/{where}"] = wandb.plot.line_series(
             xs=alphas, ys=[[accuracy.get((m, a), float("nan")) for a in alphas] for m in methods], keys=methods,
-            title=f"{shots}-shot accuracy (%) vs Dirichlet alpha", xname="alpha")
+            title=f"{shots}-shot accuracy (%) vs Dirichlet alpha{present}", xname="alpha")
     for name, path in figures.items():
         if Path(path).suffix.lower() == ".png":  # W&B shows images; the PDFs stay in the run folder
             payload[f"{prefix}/plots/{name}"] = wandb.Image(str(path))

@@ -1,8 +1,9 @@
-"""The evaluation core: every method on the same seeded episode bank per (shot, α), one result per triple.
+"""The evaluation core: every method on the same seeded episode bank per (shot, K_eff, α), one result per setting.
 
 The protocol of the realistic-imbalance benchmark (Veilleux et al., NeurIPS 2021) that PUTM's Table 1 uses:
 per (shot, α) one bank of tasks with Dirichlet(α) query proportions (or balanced), drawn once from the seed and
-shared by every method, so methods are compared on identical tasks.
+shared by every method, so methods are compared on identical tasks. ``query_classes`` adds PADDLE's protocol
+(Martin et al., NeurIPS 2022): one bank per K_eff as well, whose query sets hold K_eff of the N classes.
 """
 
 from __future__ import annotations
@@ -25,16 +26,16 @@ from lightning_putm.features.files import FeatureSet
 from lightning_putm.methods import build_method, method_uses_class_prior
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
 from lightning_putm.signals import stop_on_signals
-from lightning_putm.validators import alpha_label
+from lightning_putm.validators import alpha_label, query_classes_label
 
 
 @dataclass
 class SettingResult:
-    """Per-task accuracies of one method on one (shot, α) bank, with the bank itself (for per-task files)."""
+    """Per-task accuracies of one method on one (shot, K_eff, α) bank, with the bank itself (for per-task files)."""
 
     method: str
     shots: int
-    alpha: float | None
+    alpha: float | str | None
     accuracies: torch.Tensor  # [T] float64
     seconds: float
     bank: EpisodeBank
@@ -46,11 +47,27 @@ class SettingResult:
     def alpha_label(self) -> str:
         return alpha_label(self.alpha)
 
+    @property
+    def query_classes(self) -> int | None:
+        """K_eff of the bank (None: all N classes in every query set)."""
+        return self.bank.query_classes
+
+    @property
+    def setting_name(self) -> str:
+        """``1-shot alpha=2`` or, with K_eff, ``1-shot K_eff=5 alpha=uniform``: how lines and bars name it."""
+        return setting_name(self.shots, self.query_classes, self.alpha)
+
     def summary(self) -> Summary:
         mean, ci = mean_and_ci95(self.accuracies)
         return Summary(method=self.method, shots=self.shots, alpha=self.alpha, accuracy=100 * mean, ci95=100 * ci,
                        tasks=int(self.accuracies.numel()), seconds=self.seconds, oracle_prior=self.oracle_prior,
-                       precision=self.precision)
+                       precision=self.precision, query_classes=self.query_classes)
+
+
+def setting_name(shots: int, query_classes: int | None, alpha: float | str | None) -> str:
+    """``1-shot alpha=2``, ``1-shot K_eff=5 alpha=uniform``."""
+    keff = "" if query_classes is None else f" K_eff={query_classes_label(query_classes)}"
+    return f"{shots}-shot{keff} alpha={alpha_label(alpha)}"
 
 
 def shard_range(tasks: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -80,7 +97,7 @@ def evaluate_features(
     should_stop: Callable[[], bool] | None = None,
     store: SettingStore | None = None,
 ) -> list[SettingResult]:
-    """Run every method on the same episode bank for each (shot, α); returns one result per triple.
+    """Run every method on the same episode bank for each (shot, K_eff, α); returns one result per setting.
 
     With ``world_size > 1`` every process samples the same banks, solves its contiguous block of tasks and
     ``gather`` (an all-gather) assembles the per-task accuracies, so the table equals a single process's.
@@ -98,19 +115,20 @@ def evaluate_features(
     wanted = settings.progress if progress is None else progress
     show = wanted and on_terminal()  # a bar in a pipe or a log file is fragments: plain lines there instead
     start_task, stop_task = shard_range(settings.tasks, rank, world_size)
-    count = len(settings.shots) * len(settings.alphas) * len(settings.methods)
+    banks = len(settings.shots) * len(settings.query_classes) * len(settings.alphas)
+    count = banks * len(settings.methods)
     total = count * (stop_task - start_task)
     bar = tqdm(total=total, desc="tasks", unit="task", disable=not show, dynamic_ncols=True, bar_format=BAR_FORMAT)
-    eta = Eta(count, kinds=[name for _ in settings.shots for _ in settings.alphas for name in settings.methods])
+    eta = Eta(count, kinds=[name for _ in range(banks) for name in settings.methods])
     report = (lambda line: log(line)) if wanted and not show else (lambda line: None)
     results: list[SettingResult] = []
     common = _common_inputs(feature_set, settings, base_mean, base_covariance) if store is not None else {}
     try:
         for shots in settings.shots:
-            for alpha in settings.alphas:
+            for keff, alpha in [(keff, alpha) for keff in settings.query_classes for alpha in settings.alphas]:
                 bank = sample_episode_bank(
                     feature_set.labels, settings.ways, shots, settings.queries, alpha, settings.tasks,
-                    settings.seed, class_names=feature_set.class_names,
+                    settings.seed, class_names=feature_set.class_names, query_classes=keff,
                 )
                 gathered = bank.gather(feature_set.features, settings.device)
                 batch = gathered.batch.slice(start_task, stop_task)
@@ -118,16 +136,18 @@ def evaluate_features(
                 for name in settings.methods:
                     oracle = settings.oracle_prior and method_uses_class_prior(name)
                     method = build_method(
-                        name, settings.method_params.get(name, {}), shots=shots, balanced=alpha is None,
+                        name, settings.method_params.get(name, {}), shots=shots, balanced=bank.balanced,
                         show_progress=show, memory_budget_mb=settings.memory_budget_mb, base_mean=base_mean,
                         base_covariance=base_covariance,
                         query_counts=bank.query_counts[start_task:stop_task] if oracle else None,
                     )
                     inputs = {**common, "method": name, "params": settings.method_params.get(name, {}),
                               "shots": shots, "alpha": bank.alpha_label, "oracle_prior": oracle}
+                    if keff is not None:  # only then: a default run's stored settings keep their fingerprints
+                        inputs["query_classes"] = keff
                     if learned := method.learned_inputs():  # e.g. UNEM's fitted parameters file
                         inputs["learned"] = learned
-                    stored = store.load(name, shots, alpha, inputs) if store is not None else None
+                    stored = store.load(name, shots, alpha, inputs, keff) if store is not None else None
                     if stored is not None:
                         bar.update(stop_task - start_task)
                         results.append(SettingResult(name, shots, alpha, stored.accuracies, stored.seconds, bank,
@@ -135,7 +155,7 @@ def evaluate_features(
                         eta.advance(1, solved=False)
                         report(setting_line(results[-1], len(results), count, eta, resumed=True))
                         continue
-                    setting = BarSetting(bar, eta, f"{name} {shots}-shot alpha={bank.alpha_label}",
+                    setting = BarSetting(bar, eta, f"{name} {setting_name(shots, keff, alpha)}",
                                          stop_task - start_task)
                     start = time.perf_counter()
                     with stop_on_signals():  # Ctrl-C, SIGTERM: the solver stops within a step, its threads too
@@ -150,7 +170,7 @@ def evaluate_features(
                                                  method.resolved_precision, learned))
                     if store is not None:
                         store.save(name, shots, alpha, inputs, accuracies, seconds, method.resolved_precision,
-                                   method.oracle_prior)
+                                   method.oracle_prior, keff)
                     eta.advance(1)
                     report(setting_line(results[-1], len(results), count, eta))
     finally:
@@ -163,13 +183,13 @@ def setting_line(result: SettingResult, index: int, count: int, eta: Eta, resume
     ``setting 3/8 putm 1-shot alpha=2: 71.20% (100 tasks, 12.3 s); elapsed 0:40, ETA 1:20``."""
     summary = result.summary()
     how = "read back from settings/" if resumed else f"{summary.tasks} tasks, {summary.seconds:.1f} s"
-    return (f"setting {index}/{count} {result.method} {result.shots}-shot alpha={result.alpha_label}: "
+    return (f"setting {index}/{count} {result.method} {result.setting_name}: "
             f"{summary.accuracy:.2f}% ({how}); {eta.text()}")
 
 
 def _common_inputs(feature_set: FeatureSet, settings: EvaluationSettings, base_mean: torch.Tensor | None,
                    base_covariance: torch.Tensor | None) -> dict[str, Any]:
-    """What every setting's numbers depend on besides the method, shot and α (for :class:`SettingStore`)."""
+    """What every setting's numbers depend on besides the method, shot, K_eff and α (for :class:`SettingStore`)."""
     return {"features": tensor_digest(feature_set.features), "labels": tensor_digest(feature_set.labels),
             "base_mean": tensor_digest(base_mean), "base_covariance": tensor_digest(base_covariance),
             "ways": settings.ways, "queries": settings.queries, "tasks": settings.tasks, "seed": settings.seed,

@@ -25,7 +25,7 @@ from lightning_putm.methods.catalog import available_methods, check_method_optio
 from lightning_putm.models.timm_names import check_model_name, timm_model_name
 from lightning_putm.runs import run_name
 from lightning_putm.validators import (alpha_label, as_list, choice, did_you_mean, distinct, flag, integer, is_number,
-                                       memory_budget, parse_alpha)
+                                       memory_budget, parse_alpha, parse_query_classes, protocol_flags)
 
 if TYPE_CHECKING:  # torch and the methods load once the settings are valid: errors and --help come without them
     import torch
@@ -63,7 +63,7 @@ class EvaluationSettings:
     ways: int
     shots: list[int]
     queries: int
-    alphas: list[float | None]  # None = balanced
+    alphas: list[float | str | None]  # None = balanced, "uniform" = PADDLE's uniform draw
     tasks: int
     seed: int
     device: torch.device
@@ -88,6 +88,7 @@ class EvaluationSettings:
     pretrained_file: Path | None = None  # its weights file (None: timm's hub cache or download)
     name: str = "run"  # run name: part of the run folder's and the W&B run's names
     verbose: bool = False
+    query_classes: list[int | None] = field(default_factory=lambda: [None])  # K_eff per bank; None = all N classes
 
 
 def load_evaluate_config(overrides: Iterable[str | Override] = ()) -> DictConfig:
@@ -255,11 +256,12 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     if not shots or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shots):
         raise ConfigError(f"`shots` must be a list of positive integers (e.g. shots=[1,5]), got {cfg.shots!r}")
     queries = 15 * ways if cfg.queries is None else integer(cfg.queries, "queries", 1)
-    alphas = [parse_alpha(a) for a in as_list(cfg.alphas)]
+    alphas = [parse_alpha(a, uniform=True) for a in as_list(cfg.alphas)]
     if not alphas:
         raise ConfigError("`alphas` is empty; give Dirichlet alphas and/or `balanced`, e.g. alphas=[2,balanced]")
     distinct([int(s) for s in shots], "shots")
     distinct(alphas, "alphas", alpha_label)
+    query_classes = parse_query_classes(cfg.get("query_classes"), ways)
     features = str(cfg.features)
     from_checkpoint = cfg.checkpoint not in (None, "")
     demo = str(cfg.data.name) == DEMO_DATA if from_checkpoint else features in ("demo", "auto")
@@ -303,7 +305,8 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     output_dir = None if str(cfg.output_dir) == "auto" else Path(str(cfg.output_dir))
     check_method_params(cfg, methods)
     method_params = {name: method_arguments(to_container(cfg.method[name])) for name in methods if name in cfg.method}
-    check_methods_options(methods, method_params, [int(s) for s in shots], alphas)
+    flags = protocol_flags(alphas, query_classes, ways)  # each bank: balanced or not
+    check_methods_options(methods, method_params, [int(s) for s in shots], flags)
     if base_features is not None and not base_features.startswith(BASE_SPLIT_PREFIX) \
             and not Path(base_features).is_file():
         raise ConfigError(f"base_features: file not found: {base_features}; give a feature file of the base classes "
@@ -324,7 +327,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         raise ConfigError(f"plot_task={plot_task} but there are {tasks} tasks per setting: give an index from 0 to "
                           f"{tasks - 1}")
     verbose = flag(cfg.verbose, "verbose")
-    check_methods_build(methods, method_params, [int(s) for s in shots], alphas)  # last: it imports the methods
+    check_methods_build(methods, method_params, [int(s) for s in shots], flags)  # last: it imports the methods
     return EvaluationSettings(
         features=features,
         methods=methods,
@@ -355,7 +358,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         timm_model=timm_model,
         pretrained_file=pretrained_file,
         name=name,
-        verbose=verbose,
+        verbose=verbose, query_classes=query_classes,
     )
 
 
@@ -411,36 +414,37 @@ def any_uses_base_mean(methods: list[str]) -> bool:
 
 
 def check_methods_options(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],
-                          alphas: list[float | None]) -> None:
+                          flags: list[bool]) -> None:
     """Check every method's options (``method.putm.rho=high``) for every setting with its settings dataclass, as
     its constructor will: an error naming the key, before torch is imported or any file is read."""
     for name in methods:
         for shot in shots:
-            for balanced in sorted({alpha is None for alpha in alphas}):
+            for balanced in flags:
                 check_method_options(name, params.get(name, {}), shots=shot, balanced=balanced)
 
 
 def built_methods(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],
-                  alphas: list[float | None]) -> Iterator[FewShotMethod]:
+                  flags: list[bool]) -> Iterator[FewShotMethod]:
     """Every method as each setting builds it (its options resolve per shot count and protocol)."""
     from lightning_putm.methods import build_method
 
     for name in methods:
         for shot in shots:
-            for balanced in sorted({alpha is None for alpha in alphas}):
+            for balanced in flags:
                 yield build_method(name, params.get(name, {}), shots=shot, balanced=balanced)
 
 
 def check_methods_build(methods: list[str], params: dict[str, dict[str, Any]], shots: list[int],
-                        alphas: list[float | None]) -> None:
+                        flags: list[bool]) -> None:
     """Build every method once per setting with its parameters, so a value only the constructor checks (UNEM's
     ``params_file``) is an error naming the key now, not after features were loaded and a W&B run was started."""
-    for _ in built_methods(methods, params, shots, alphas):
+    for _ in built_methods(methods, params, shots, flags):
         pass
 
 
 def check_methods_accept(features: torch.Tensor, settings: EvaluationSettings) -> None:
     """Every method of every setting accepts the feature set (e.g. PUTM's power transform needs non-negative
     features): a :class:`~lightning_putm.errors.FeatureError` before the run folder exists, not at the setting."""
-    for method in built_methods(settings.methods, settings.method_params, settings.shots, settings.alphas):
+    for method in built_methods(settings.methods, settings.method_params, settings.shots,
+                                protocol_flags(settings.alphas, settings.query_classes, settings.ways)):
         method.check_features(features)

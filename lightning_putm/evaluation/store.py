@@ -1,9 +1,10 @@
 """Finished settings on disk, so an interrupted evaluation resumes where it stopped.
 
 An evaluation of many (method, shot, α) settings can run for hours. Each finished setting's per-task accuracies
-are written at once, atomically, to ``<output_dir>/settings/<method>-<shots>shot-alpha_<α>.pt``, together with a
-*fingerprint*: everything that determines that setting's numbers (the feature table's content, the base-class
-statistics, the method and its parameters, ways, shots, α, queries, tasks, seed, oracle prior, device type). Run
+are written at once, atomically, to ``<output_dir>/settings/<method>-<shots>shot-alpha_<α>.pt`` (with K_eff classes
+in the query set, ``<method>-<shots>shot-keff_<K_eff>-alpha_<α>.pt``), together with a *fingerprint*: everything
+that determines that setting's numbers (the feature table's content, the base-class statistics, the method and its
+parameters, ways, shots, α, K_eff when set, queries, tasks, seed, oracle prior, device type). Run
 the same command with the same ``output_dir`` again and every setting whose stored fingerprint matches is read
 back instead of solved; a setting whose inputs changed is solved again, and the run says which inputs changed.
 Episode banks are a pure function of the seed, so the per-task files of a resumed run equal an uninterrupted
@@ -23,7 +24,7 @@ from typing import Any
 import torch
 
 from lightning_putm.atomic import atomic_torch_save
-from lightning_putm.validators import alpha_label
+from lightning_putm.validators import alpha_label, query_classes_label
 
 #: Folder under ``output_dir`` that holds one file per finished setting.
 SETTINGS_FOLDER = "settings"
@@ -68,12 +69,15 @@ class SettingStore:
         self.reused: list[str] = []  # settings read back instead of solved
         self.changed: dict[str, list[str]] = {}  # setting -> inputs that differ from the stored ones
 
-    def path(self, method: str, shots: int, alpha: float | None) -> Path:
-        return self.folder / f"{method}-{shots}shot-alpha_{alpha_label(alpha)}.pt"
+    def path(self, method: str, shots: int, alpha: float | str | None, query_classes: int | None = None) -> Path:
+        """The setting's file; a K_eff (PADDLE's protocol) has its own, so no setting is read back for another."""
+        keff = "" if query_classes is None else f"-keff_{query_classes_label(query_classes)}"
+        return self.folder / f"{method}-{shots}shot{keff}-alpha_{alpha_label(alpha)}.pt"
 
-    def load(self, method: str, shots: int, alpha: float | None, inputs: dict[str, Any]) -> StoredSetting | None:
+    def load(self, method: str, shots: int, alpha: float | str | None, inputs: dict[str, Any],
+             query_classes: int | None = None) -> StoredSetting | None:
         """The stored result when its fingerprint equals that of ``inputs``; else ``None`` (and the reason is kept)."""
-        path = self.path(method, shots, alpha)
+        path = self.path(method, shots, alpha, query_classes)
         if not path.is_file():
             return None
         try:
@@ -97,10 +101,11 @@ class SettingStore:
         return StoredSetting(accuracies.to(torch.float64), float(meta["seconds"]), str(meta.get("precision", "")),
                              bool(meta.get("oracle_prior", False)))
 
-    def save(self, method: str, shots: int, alpha: float | None, inputs: dict[str, Any], accuracies: torch.Tensor,
-             seconds: float, precision: str, oracle_prior: bool) -> Path | None:
+    def save(self, method: str, shots: int, alpha: float | str | None, inputs: dict[str, Any],
+             accuracies: torch.Tensor, seconds: float, precision: str, oracle_prior: bool,
+             query_classes: int | None = None) -> Path | None:
         """Write one finished setting atomically (:mod:`lightning_putm.atomic`); nothing on read-only ranks."""
-        path = self.path(method, shots, alpha)
+        path = self.path(method, shots, alpha, query_classes)
         if not self.writable:
             return None
         self.folder.mkdir(parents=True, exist_ok=True)

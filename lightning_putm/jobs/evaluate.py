@@ -26,6 +26,7 @@ from lightning_putm.evaluation.settings import (EvaluationSettings, RUN_ROOT, ch
 from lightning_putm.loggers import WANDB_RUN_FILE, build_logger, console, finish_logger
 from lightning_putm.runs import folder_locked, run_dir
 from lightning_putm.signals import interrupting_signal, signals_recorded, stop_on_signals
+from lightning_putm.validators import alpha_label, query_classes_label
 
 if TYPE_CHECKING:
     from lightning_putm.evaluation.callback import FewShotEvaluationCallback
@@ -79,9 +80,11 @@ def describe(cfg: DictConfig, settings: EvaluationSettings) -> str:
     baseline.checkpoint, baseline.force_data = defaults.checkpoint, defaults.force_data  # the user's, if set
     changed = {**named, **changed_keys(baseline, cfg)}
     methods = ", ".join(settings.methods)
-    alphas = command_line_value(["balanced" if a is None else f"{a:g}" for a in settings.alphas])
-    lines = [f"evaluate: {methods} | {settings.ways}-way, shots {command_line_value(settings.shots)}, alphas {alphas}, "
-             f"{settings.tasks} tasks per setting, {settings.queries} queries | {settings.features}"]
+    alphas = command_line_value([alpha_label(a) for a in settings.alphas])
+    keff = "" if settings.query_classes == [None] else \
+        f", query_classes {command_line_value([query_classes_label(k) for k in settings.query_classes])}"
+    lines = [f"evaluate: {methods} | {settings.ways}-way, shots {command_line_value(settings.shots)}{keff}, alphas "
+             f"{alphas}, {settings.tasks} tasks per setting, {settings.queries} queries | {settings.features}"]
     if changed:  # written as typed on the command line: methods=[putm, simpleshot], force_data=true
         lines.append("settings changed from the defaults: "
                      + ", ".join(f"{k}={command_line_value(v)}" for k, v in changed.items()))
@@ -114,7 +117,7 @@ def run_evaluate(overrides: Sequence[str], log: Callable[[str], None] = print) -
     source = build_feature_source(cfg, settings, say)  # checks files and the checkpoint
     # a split with too few classes or images, or features a method refuses: errors before any output
     check_episodes_possible(source.labels, settings.ways, settings.shots, settings.queries, settings.alphas,
-                            settings.tasks, settings.seed, source.class_names)
+                            settings.tasks, settings.seed, source.class_names, query_classes=settings.query_classes)
     if source.features is not None:
         check_methods_accept(source.features, settings)  # e.g. negative features for PUTM's power transform
         check_base_features(settings, source.features.shape[1])

@@ -1,10 +1,11 @@
 """The run folders of a table (``python -m lightning_putm table``): read, checked and merged.
 
 A run folder is what ``evaluate.py`` leaves: ``results.csv`` (mean, CI, tasks, seconds per setting),
-``per_task.csv`` (each task's accuracy, classes and query counts: the episode bank) and ``config.yaml`` (the
-feature source and the bank's seed, ways and queries). Each result's mean and CI are recomputed from its per-task
-accuracies and must agree with ``results.csv``; runs are merged cell by cell, where a cell is (source, shot,
-setting), and two runs that share a cell must have evaluated it on the same episode bank.
+``per_task.csv`` (each task's accuracy, classes, query counts and, with ``query_classes``, present classes: the
+episode bank) and ``config.yaml`` (the feature source and the bank's seed, ways and queries). Each result's mean and
+CI are recomputed from its per-task accuracies and must agree with ``results.csv``; runs are merged cell by cell,
+where a cell is (source, shot, setting: K_eff and α), and two runs that share a cell must have evaluated it on the
+same episode bank.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from lightning_putm.errors import DataError
 #: empty/``null``/``all`` value means every class is present.
 SETTING_KEYS: tuple[str, ...] = ("query_classes", "alpha")
 #: ``config.yaml`` keys that define an episode bank besides the source and the setting (compared between runs).
-BANK_KEYS: tuple[str, ...] = ("seed", "ways", "queries", "query_classes")
+#: ``query_classes`` is not one: a run's config may list several (``[null, 5]``), and each row names its own in the
+#: setting, so a run of ``query_classes=[null,5]`` and one of ``query_classes=5`` share their K_eff = 5 cells.
+BANK_KEYS: tuple[str, ...] = ("seed", "ways", "queries")
 #: Values of a setting key that mean "the default protocol" (the key is left out of the setting).
 ABSENT = ("", "null", "none", "all")
 #: Results and per-task files round to 4 and 6 decimals: a recomputed mean or CI further off (in points) is an error.
@@ -73,7 +76,7 @@ class Setting:
 
 
 SETTING_LABELS: dict[str, Callable[[str], str]] = {
-    "alpha": lambda v: "balanced" if v == "balanced" else f"Dirichlet α = {v}",
+    "alpha": lambda v: v if v in ("balanced", "uniform") else f"Dirichlet α = {v}",
     "query_classes": lambda v: f"K_eff = {v}",
 }
 
@@ -127,7 +130,7 @@ class Bank:
     """What makes two runs' tasks the same: the config's bank keys and every task's classes and query counts."""
 
     config: tuple[tuple[str, str], ...]
-    tasks: tuple[tuple[str, str], ...]  # (class_ids, query_counts) per task, in task order
+    tasks: tuple[tuple[str, str, str], ...]  # (class_ids, query_counts, present classes) per task, in task order
 
 
 @dataclass
@@ -268,7 +271,7 @@ def read_run(folder: Path, label: str | None = None) -> Run:
                             f"{result.ci95:.4f} over {stated} tasks, per_task.csv {100 * mean:.4f} ± {100 * ci:.4f} "
                             f"over {result.tasks}; the files are out of step: re-run evaluate.py with the same "
                             "output_dir")
-        bank = Bank(bank_config, tuple((r["class_ids"], r["query_counts"]) for r in ordered))
+        bank = Bank(bank_config, tuple((r["class_ids"], r["query_counts"], _present(r)) for r in ordered))
         run.banks.setdefault((key[1], key[2]), bank)
         run.results.append(result)
     if tasks:
@@ -278,6 +281,12 @@ def read_run(folder: Path, label: str | None = None) -> Run:
     if not run.results:
         raise DataError(f"{results_path}: no results; give the output_dir of a finished evaluate.py run")
     return run
+
+
+def _present(row: Mapping[str, str]) -> str:
+    """A task's classes present in its query set (``present_classes``, written with ``query_classes``); a file
+    without the column is the default protocol, where every class of the task is present."""
+    return row.get("present_classes") or row["class_ids"]
 
 
 # --------------------------------------------------------------------------------------------- merging
@@ -294,6 +303,8 @@ def bank_difference(first: Bank, second: Bank) -> str | None:
             return f"task {t} has classes {mine[0]} vs {theirs[0]}"
         if mine[1] != theirs[1]:
             return f"task {t} has query counts {mine[1]} vs {theirs[1]}"
+        if mine[2] != theirs[2]:
+            return f"task {t} has present classes {mine[2]} vs {theirs[2]}"
     return None
 
 
