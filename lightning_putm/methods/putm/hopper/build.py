@@ -102,14 +102,19 @@ def defines(queries: int, ways: int, dim: int, exact_adam: bool = False, full_un
 
 def compile_kernel(queries: int = 75, ways: int = 5, dim: int = 80, exact_adam: bool = False,
                    full_unroll: bool = False, source: str | None = None) -> Build:
-    """The kernel for one task shape, compiled for sm_90a (about 10 s on one CPU core). ``source``: another file's
+    """The kernel for one task shape, compiled for sm_90a (5-15 s on one CPU core). ``source``: another file's
     text (the tests' mutants); default ``e_step.cu``."""
+    text = SOURCE.read_text() if source is None else source
+    return compile_source(text, defines(queries, ways, dim, exact_adam, full_unroll))
+
+
+def compile_source(text: str, options: list[str]) -> Build:
+    """CUDA C++ ``text`` compiled by NVRTC for sm_90a with ``options`` (besides the target, C++17, ``-Xptxas -v``
+    and the CUDA headers' folder)."""
     lib = nvrtc()
-    text = (SOURCE.read_text() if source is None else source).encode()
     program = ctypes.c_void_p()
-    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(program), text, b"e_step.cu", 0, None, None), "create")
-    options = [f"-arch={ARCH}", "-std=c++17", "-Xptxas=-v", *defines(queries, ways, dim, exact_adam, full_unroll)]
-    options += [f"-I{d}" for d in include_dirs()]
+    _check(lib, lib.nvrtcCreateProgram(ctypes.byref(program), text.encode(), b"e_step.cu", 0, None, None), "create")
+    options = [f"-arch={ARCH}", "-std=c++17", "-Xptxas=-v", *options] + [f"-I{d}" for d in include_dirs()]
     array = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
     try:
         result = lib.nvrtcCompileProgram(program, len(options), array)
