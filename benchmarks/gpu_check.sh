@@ -5,6 +5,7 @@
 #
 # Without a CUDA device it prints "no CUDA device: nothing to check" and exits 0. With one, it runs these steps
 # in this order (most important first), each recorded (output, status, seconds) even when an earlier one failed:
+#   0. the Hopper kernel's steps (issue 44: benchmarks/hopper_check.sh, in half of GPU_CHECK_BUDGET; its own files)
 #   1. the CUDA tests of the fused Triton E-step kernel (solver=triton)      python -m pytest -m cuda tests/test_putm_triton.py
 #   2. solver=triton, 1-shot, tasks/s at T = 1000 (+ the reference on the same GPU when a checkout is given)
 #                                                                                     bench_putm.py
@@ -108,6 +109,13 @@ LOG="$(mktemp /tmp/gpu_check_log.XXXXXX)"
 FAILED=0
 SKIPPED=0
 CHECK_START=$SECONDS
+# Issue 44 first: the Hopper kernel's design-settling steps (benchmarks/hopper_check.sh), within half of this budget
+# (540 s without one); their summary.md and steps.log go to GPU_CHECK_HOPPER_OUT (default outputs/hopper_check).
+# GPU_CHECK_HOPPER=0 skips them, and so does GPU_CHECK_ASSUME_GPU=1 (the tests' stand-in Python cannot run them).
+if [[ "${GPU_CHECK_HOPPER:-1}" == 1 && "${GPU_CHECK_ASSUME_GPU:-0}" != 1 ]]; then
+    GPU_CHECK_BUDGET=$((BUDGET > 0 ? BUDGET / 2 : 540)) PYTHON="$PYTHON" bash "$HERE/hopper_check.sh" \
+        "${GPU_CHECK_HOPPER_OUT:-outputs/hopper_check}" || FAILED=$((FAILED + 1))
+fi
 
 ROWS="$(mktemp /tmp/gpu_check_rows.XXXXXX)"
 SWEEP="$(mktemp /tmp/gpu_check_sweep.XXXXXX)"
