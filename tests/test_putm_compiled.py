@@ -197,6 +197,36 @@ def test_auto_is_fused_on_cpu_and_compiled_on_cuda(monkeypatch):
     assert type(make_engine(navigator_for(2), settings, torch.float32)) is CompiledEngine
 
 
+def test_every_solver_names_an_engine_whose_own_estimate_sizes_the_chunks():
+    """Each ``solver`` value but ``auto`` (``settings.ENGINES``) names a concrete :class:`Engine` subclass, and
+    PUTM's memory per task is the preprocessing's rows plus the estimate of the engine that will run. Kills: a
+    registry line naming a missing or wrong class, an engine without its own ``run``/``reinit``/``bytes_per_task``
+    (abstract, not instantiable), chunks sized by one engine's estimate whatever the solver (``autograd`` keeps
+    every layer's activations for its backward: a larger estimate than ``fused``'s)."""
+    import inspect
+
+    from lightning_putm.methods.putm.engines import Engine
+    from lightning_putm.methods.putm.settings import ENGINES, SOLVERS
+    from lightning_putm.methods.putm.solvers import engine_class
+
+    assert SOLVERS == ("auto", *ENGINES) and set(ENGINES) == {"fused", "autograd", "compiled", "triton"}
+    for solver in ENGINES:
+        engine = engine_class(solver)
+        assert issubclass(engine, Engine) and not inspect.isabstract(engine), solver
+        assert engine.__name__.endswith("Engine") and solver in engine.__name__.lower(), solver
+    batch = make_tasks(tasks=2).batch
+    m = min(batch.dim, batch.num_support + batch.num_queries)
+    rows = {}
+    for solver in ("fused", "autograd", "compiled"):
+        settings = PUTMSettings(solver=solver)
+        own = engine_class(solver).bytes_per_task(batch.num_queries * batch.ways, m, settings)
+        rows[solver] = PUTM(settings, shots=1, balanced=False).bytes_per_task(batch) - own
+        assert own > 0
+    assert len(set(rows.values())) == 1  # the preprocessing's share does not depend on the engine
+    assert engine_class("autograd").bytes_per_task(375, 80, PUTMSettings()) > engine_class("fused").bytes_per_task(
+        375, 80, PUTMSettings())
+
+
 def test_auto_on_cpu_is_byte_identical_to_fused():
     gathered = make_tasks(tasks=4)
     auto = PUTM(shots=1, balanced=False, **FAST)
