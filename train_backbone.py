@@ -16,6 +16,9 @@ from lightning_putm.cli import run_cli
 def main(argv: list[str]) -> None:
     """Pretrain a backbone with S2M2 (rotation, then manifold mixup + rotation) or a plain classifier; every run
     gets its own checkpoint folder (<checkpoint_dir>/<dataset>/<backbone>/<run>/<stage>/{best,last}.ckpt)."""
+    from lightning_putm.pretraining.settings import check_train_arguments
+
+    check_train_arguments(argv)  # config errors before torch and Lightning load
     from lightning_putm.jobs.train import run_train_backbone  # the job loads here: --help needs none of it
 
     run_train_backbone(argv)

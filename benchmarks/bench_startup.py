@@ -61,6 +61,7 @@ def commands(root: Path, python: str) -> list[tuple[str, list[str]]]:
              ("python evaluate.py --help", [python, "evaluate.py", "--help"]),
              ("python evaluate.py predict --help", [python, "evaluate.py", "predict", "--help"]),
              ("python train_backbone.py --help", [python, "train_backbone.py", "--help"]),
+             ("python train_backbone.py taks=1", [python, "train_backbone.py", "taks=1"]),
              ("python -m lightning_putm --help", [python, "-m", "lightning_putm", "--help"])]
     timed += [(f"python -m lightning_putm {name} --help", [python, "-m", "lightning_putm", name, "--help"])
               for name in listed.stdout.split()]

@@ -128,6 +128,9 @@ def predict(argv: list[str]) -> None:
 def train(argv: list[str]) -> None:
     """Pretrain a backbone with S2M2 (rotation, then manifold mixup + rotation) or a plain classifier; every run
     gets its own checkpoint folder (<checkpoint_dir>/<dataset>/<backbone>/<run>/<stage>/{best,last}.ckpt)."""
+    from lightning_putm.pretraining.settings import check_train_arguments
+
+    check_train_arguments(argv)  # config errors before torch and Lightning load
     from lightning_putm.jobs.train import run_train_backbone
 
     run_train_backbone(argv)

@@ -94,6 +94,20 @@ def assert_same_training_state(got: Path, want: Path) -> None:
             assert torch.equal(state_a[key][moment], state_b[key][moment]), (key, moment)
 
 
+def same_validation_record(got: Path, want: Path) -> bool:
+    """Whether two runs' ``best.ckpt`` bookkeeping agrees: every validation ran and scored the same."""
+    def record(path: Path) -> tuple:
+        states = [v for k, v in read_checkpoint(path)["callbacks"].items() if "Checkpoint{" in k]
+        return tuple(sorted((str(s["monitor"]), repr(None if s["best_model_score"] is None else
+                                                  float(s["best_model_score"])),
+                             repr(None if s["current_score"] is None else float(s["current_score"])),
+                             Path(s["best_model_path"]).name) for s in states))
+    a, b = record(got), record(want)
+    assert any(state[0] != "None" and state[2] != "None" for state in a), a  # a scored best.ckpt is kept
+    assert a == b, (a, b)
+    return True
+
+
 #: (signal, point, file being saved, epoch last.ckpt holds afterwards). A save that has begun is completed first,
 #: and during training a signal is held to the end of the next training batch (interrupted.ckpt): one during the
 #: end-of-epoch saves (best.ckpt after validation, then last.ckpt) lets that epoch's last.ckpt be written; one in
@@ -165,6 +179,7 @@ def test_a_signal_in_the_first_epoch_leaves_a_checkpoint_of_that_point_and_resum
     assert code == 0, output[-3000:]
     assert f"resuming from {stage / 'interrupted.ckpt'}" in output
     assert_same_training_state(stage / "last.ckpt", uninterrupted / "last.ckpt")
+    assert same_validation_record(stage / "last.ckpt", uninterrupted / "last.ckpt")
     assert not (stage / "interrupted.ckpt").exists()  # the finished stage does not keep it
 
 
@@ -180,7 +195,9 @@ def test_a_signal_during_the_in_training_fewshot_check_stops_it_and_keeps_the_ep
     step (no E-step finishes after the signal), ``interrupted.ckpt`` keeps the epoch just trained (last.ckpt is
     written only after validation), and the resume ends with an uninterrupted run's weights.
     Kills: the stop acted on only when the check (or the epoch) ends (E-steps after the signal); the trained
-    epoch lost (last.ckpt of epoch 0 only); a resume that trains epoch 1 again (other weights)."""
+    epoch lost (last.ckpt of epoch 0 only); a resume that trains epoch 1 again (other weights); a resume that skips
+    the interrupted validation (Lightning's reading of a stop outside a ``validation_step``: epoch 1 then has no
+    score, so ``best.ckpt``'s record differs)."""
     extra = [*FEWSHOT, f"log_dir={tmp_path / 'logs'}"]
     code, output = trainings.run(tmp_path, tmp_path / "interrupted.log", extra=extra, signal=signame,
                                  point="in-fewshot", epoch=INTERRUPTED_EPOCH)
@@ -196,6 +213,31 @@ def test_a_signal_during_the_in_training_fewshot_check_stops_it_and_keeps_the_ep
     assert code == 0, output[-3000:]
     assert f"resuming from {stage / 'interrupted.ckpt'}" in output
     assert_same_training_state(stage / "last.ckpt", uninterrupted / "last.ckpt")
+    assert same_validation_record(stage / "last.ckpt", uninterrupted / "last.ckpt")
+
+
+def test_a_signal_during_validation_keeps_the_epoch_and_the_resume_validates_it_whole(trainings, uninterrupted,
+                                                                                    tmp_path) -> None:
+    """A Ctrl-C inside the first validation batch after epoch 1 is acted on when the next batch starts, outside
+    any ``validation_step``: ``interrupted.ckpt`` keeps the trained epoch, and the resume runs that validation again
+    from its start, so ``best.ckpt`` is judged on epoch 1's score as in an uninterrupted run.
+    Kills: the checkpoint saved with Lightning's progress counters as they are (Lightning then reads the validation
+    as finished: epoch 1 gets no score, no ``best.ckpt`` of it, no logged ``val/acc``; a flake of CI's
+    test_runs.py); a resume that trains epoch 1 again (other weights)."""
+    extra = ["data.eval_batch_size=64"]  # 3 validation batches
+    code, output = trainings.run(tmp_path, tmp_path / "interrupted.log", extra=extra, signal="SIGINT",
+                                 point="in-validation", epoch=INTERRUPTED_EPOCH)
+    assert "injected SIGINT at in-validation" in output, output[-3000:]
+    assert code == 130 and "Traceback" not in output, output[-3000:]
+    stage = tmp_path / STAGE
+    assert f"in epoch {INTERRUPTED_EPOCH} after 4 training batches" in output, output[-3000:]
+    assert read_checkpoint(stage / "last.ckpt")["epoch"] == INTERRUPTED_EPOCH - 1
+    code, output = trainings.run(tmp_path, tmp_path / "resumed.log", extra=[*extra, "resume=true"])
+    assert code == 0, output[-3000:]
+    assert f"resuming from {stage / 'interrupted.ckpt'}" in output
+    assert_same_training_state(stage / "last.ckpt", uninterrupted / "last.ckpt")
+    assert same_validation_record(stage / "last.ckpt", uninterrupted / "last.ckpt")
+    assert read_checkpoint(stage / "best.ckpt")["epoch"] == read_checkpoint(uninterrupted / "best.ckpt")["epoch"]
 
 
 # ------------------------------------------------------------------------------------------- the deferral itself

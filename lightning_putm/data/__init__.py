@@ -6,10 +6,6 @@ feature-only users such as ``evaluate.py`` do not pay for those imports.
 
 from typing import Any
 
-from lightning_putm.data.digits import digits_feature_set
-from lightning_putm.data.episodes import EpisodeBank, TaskTensors, dirichlet_query_counts, round_counts_to_total, sample_episode_bank
-from lightning_putm.data.imagesplit import ImageSplit
-from lightning_putm.data.registry import DATASETS, available_datasets, dataset_info, read_split
 
 __all__ = [
     "DATASETS",
@@ -28,7 +24,14 @@ __all__ = [
 ]
 
 
-_LAZY = {"EpisodeSettings": "lightning_putm.data.datamodule", "FewShotDataModule": "lightning_putm.data.datamodule"}
+#: Every name loads on first use (PEP 562), so that importing a light submodule (``data.settings``) imports no torch.
+_LAZY = {"DATASETS": "lightning_putm.data.registry", "EpisodeBank": "lightning_putm.data.episodes",
+         "EpisodeSettings": "lightning_putm.data.settings", "FewShotDataModule": "lightning_putm.data.datamodule",
+         "ImageSplit": "lightning_putm.data.imagesplit", "TaskTensors": "lightning_putm.data.episodes",
+         "available_datasets": "lightning_putm.data.registry", "dataset_info": "lightning_putm.data.registry",
+         "digits_feature_set": "lightning_putm.data.digits", "dirichlet_query_counts": "lightning_putm.data.episodes",
+         "read_split": "lightning_putm.data.registry", "round_counts_to_total": "lightning_putm.data.episodes",
+         "sample_episode_bank": "lightning_putm.data.episodes"}
 
 
 def __getattr__(name: str) -> Any:

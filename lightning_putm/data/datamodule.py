@@ -25,6 +25,7 @@ from lightning_putm.data.episodes import EpisodeBank, sample_episode_bank
 from lightning_putm.data.imagesplit import ImageSplit
 from lightning_putm.data.registry import check_download_flag, dataset_info, prepare_dataset, read_split
 from lightning_putm.data.samplers import EpochShuffleSampler
+from lightning_putm.data.settings import EpisodeSettings, LoaderSettings
 from lightning_putm.data.transforms import eval_transform, train_transform
 from lightning_putm.errors import ConfigError, DataError
 
@@ -32,39 +33,6 @@ from lightning_putm.errors import ConfigError, DataError
 MAX_AUTO_WORKERS = 8
 #: ``auto`` prefetch on CUDA: batches each worker prepares ahead (PyTorch's default is 2).
 CUDA_PREFETCH_FACTOR = 4
-
-
-@dataclass(frozen=True)
-class EpisodeSettings:
-    """N-way K-shot tasks with Q queries in total; ``alpha=None`` is balanced, else Dirichlet(α)."""
-
-    ways: int = 5
-    shots: int = 1
-    queries: int = 75
-    alpha: float | None = None
-    tasks: int = 500
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class LoaderSettings:
-    """DataLoader settings as configured (``loader.*``); ``"auto"`` is decided per device by :func:`resolve_loader`."""
-
-    num_workers: int | str = "auto"
-    pin_memory: bool | str = "auto"
-    persistent_workers: bool | str = "auto"
-    prefetch_factor: int | str = "auto"
-
-    def __post_init__(self) -> None:
-        for key in ("num_workers", "prefetch_factor"):
-            value = getattr(self, key)
-            low = 0 if key == "num_workers" else 1
-            if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise ConfigError(f"`loader.{key}` must be auto or an integer >= {low}, got {value!r}")
-        for key in ("pin_memory", "persistent_workers"):
-            value = getattr(self, key)
-            if value != "auto" and not isinstance(value, bool):
-                raise ConfigError(f"`loader.{key}` must be auto, true or false, got {value!r}")
 
 
 @dataclass(frozen=True)

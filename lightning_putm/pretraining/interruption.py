@@ -118,6 +118,8 @@ class InterruptionCheckpoint(pl.Callback):
             return
         progress = trainer.fit_loop.epoch_loop.batch_progress.current
         point = (int(trainer.current_epoch), int(progress.processed))
+        if trainer.validating:
+            validation_from_its_start(trainer)
         self._saving = {"rng": rng_states(), "epoch": point[0], "batches": point[1]}
         try:
             trainer.save_checkpoint(self.path)
@@ -135,6 +137,19 @@ class InterruptionCheckpoint(pl.Callback):
         # Lightning calls this only when fit finished (not after an exception): the stage's last.ckpt is newer
         if stage == "fit":
             self.path.unlink(missing_ok=True)
+
+
+def validation_from_its_start(trainer: pl.Trainer) -> None:
+    """Mark the validation in progress as stopped inside its first batch, so that the resume runs it whole.
+
+    Lightning resumes a validation only from a checkpoint taken inside a ``validation_step`` (batch started, not
+    processed); a stop elsewhere in it (a batch hook, the few-shot check at the epoch's end) reads as a finished
+    validation, and the resumed epoch would log no validation metrics and never judge ``best.ckpt``. The counters
+    are per epoch (Lightning resets them when an epoch starts) and this process is ending, so nothing else reads
+    them; validation changes no training state, so running it again from its start is exact."""
+    progress = trainer.fit_loop.epoch_loop.val_loop.batch_progress
+    for tracker in (progress.total, progress.current):
+        tracker.ready, tracker.started, tracker.processed, tracker.completed = 1, 1, 0, 0
 
 
 def resume_point(stage_dir: Path) -> Path | None:

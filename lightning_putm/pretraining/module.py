@@ -37,12 +37,9 @@ from lightning_putm.errors import ConfigError
 from lightning_putm.features.table import scatter_rows
 from lightning_putm.metrics import mean_and_ci95
 from lightning_putm.models import Backbone, CosineClassifier, Mixup, RotationHead, build_backbone, rotate_batch
+from lightning_putm.pretraining.choices import NCM_NORMALISATIONS, STAGES, check_channels_last, check_compile
 from lightning_putm.validators import choice
 
-STAGES = ("classifier", "rotation", "s2m2r")
-NCM_NORMALISATIONS = ("none", "l2")
-#: ``compile=true`` means this torch.compile backend; a string names another (e.g. ``eager`` to debug tracing).
-DEFAULT_COMPILE_BACKEND = "inductor"
 #: Compiled variants torch may keep of the backbone's regions (see S2M2Module.prepare_for_device).
 COMPILE_CACHE_SIZE = 64
 
@@ -73,30 +70,6 @@ def reseed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
-
-
-def check_channels_last(value: Any, key: str = "channels_last") -> bool | str:
-    """``true``, ``false`` or ``"auto"`` (on when training on CUDA); anything else is a one-line ConfigError."""
-    if isinstance(value, bool) or value == "auto":
-        return value
-    raise ConfigError(f"`{key}` must be true, false or auto (auto = on when training on CUDA), got {value!r}")
-
-
-def check_compile(value: Any, key: str = "compile") -> str | None:
-    """The torch.compile backend for ``compile=value``: ``false`` → None, ``true`` → inductor, or a backend name
-    that torch knows (``eager`` and ``aot_eager`` trace without generating code: useful to debug)."""
-    if value is False or value is None:
-        return None
-    if value is True:
-        return DEFAULT_COMPILE_BACKEND
-    if isinstance(value, str) and value:
-        from torch._dynamo import list_backends
-
-        if value in set(list_backends(exclude_tags=())) | {"eager", "aot_eager", DEFAULT_COMPILE_BACKEND}:
-            return value
-        raise ConfigError(f"`{key}` must be true, false or a torch.compile backend name (e.g. inductor, eager, "
-                          f"aot_eager; torch._dynamo.list_backends() lists them), got {value!r}")
-    raise ConfigError(f"`{key}` must be true or false (true = torch.compile the backbone), got {value!r}")
 
 
 def resolve_channels_last(option: bool | str, device: torch.device) -> bool:

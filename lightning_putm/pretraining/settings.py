@@ -17,12 +17,12 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lightning_putm.config import (Override, Overrides, apply_overrides, apply_trainer_overrides, conf_dir,
                                    is_trainer_override, load_group, load_saved_config, load_yaml, to_container)
-from lightning_putm.data.datamodule import EpisodeSettings, LoaderSettings
+from lightning_putm.data.settings import EpisodeSettings, LoaderSettings
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.settings import (EvaluationSettings, load_evaluate_config,
                                                 settings_from_config as evaluation_settings)
 from lightning_putm.loggers import check_wandb_mode
-from lightning_putm.pretraining.module import STAGES, check_channels_last, check_compile
+from lightning_putm.pretraining.choices import STAGES, check_channels_last, check_compile
 from lightning_putm.runs import LATEST, slug
 from lightning_putm.validators import choice, did_you_mean, flag, integer, mapping, number, parse_alpha, path, positive
 
@@ -138,6 +138,12 @@ def _episodes(cfg: DictConfig, key: str) -> EpisodeSettings:
     alpha = None if node.alpha is None else parse_alpha(node.alpha, f"`{key}.alpha`")
     values = {k: positive(node[k], f"{key}.{k}", integer=True) for k in ("ways", "shots", "queries", "tasks")}
     return EpisodeSettings(alpha=alpha, seed=integer(node.seed, f"{key}.seed", 0), **values)
+
+
+def check_train_arguments(overrides: Iterable[str | Override]) -> None:
+    """Raise the config's first error, if any, without importing torch or Lightning: the scripts call this before
+    they load the job, so a mistyped key is reported in a fraction of a second (the job reads the config again)."""
+    settings_from_config(load_train_config(overrides))
 
 
 def settings_from_config(cfg: DictConfig) -> TrainSettings:

@@ -20,7 +20,9 @@ delay; ``point`` chooses where, during the save of ``file`` at the end of epoch 
 * ``mid-epoch``: no save; the second training batch of epoch ``epoch``, the usual moment of a Ctrl-C;
 * ``in-test``: no save; the first batch of the test that follows the training (``run_test=true``);
 * ``in-fewshot``: no save; right after PUTM's third E-step in the in-training few-shot check (``fewshot_eval``)
-  that follows epoch ``epoch``.
+  that follows epoch ``epoch``;
+* ``in-validation``: no save; inside the first batch of the validation that follows epoch ``epoch`` (the stop
+  is acted on when the next batch starts, outside any ``validation_step``).
 
 Whenever the signal is sent the child prints ``injected <SIGNAL> at <point> of <file> (epoch <epoch>)`` to stderr,
 and at its end ``after the signal: N E-steps finished`` (PUTM's E-steps finished after the stop was requested).
@@ -46,7 +48,7 @@ from lightning_putm.pretraining.module import S2M2Module
 from lightning_putm.signals import stop_requested
 
 POINTS = ("in-write", "before-fsync", "before-rename", "after-rename", "after-save", "mid-epoch", "in-test",
-          "in-fewshot")
+          "in-fewshot", "in-validation")
 FEWSHOT_E_STEP = 3  # in-fewshot: the signal follows this E-step of the few-shot check
 
 
@@ -77,6 +79,7 @@ class Injection:
         save_checkpoint = checkpoints.AtomicCheckpointIO.save_checkpoint
         real_save, real_fsync, real_replace = torch.save, os.fsync, os.replace
         training_step, test_step = S2M2Module.training_step, S2M2Module.test_step
+        validation_step = S2M2Module.validation_step
 
         def chosen_save(io: Any, checkpoint: dict, path: Any, storage_options: Any = None) -> None:
             chosen = Path(path).name == injection.file and checkpoint.get("epoch") == injection.epoch
@@ -123,6 +126,11 @@ class Injection:
                 injection.fire("mid-epoch")
             return training_step(module, batch, batch_idx)
 
+        def validate(module: S2M2Module, batch: Any, batch_idx: int, *args: Any) -> Any:
+            if not module.trainer.sanity_checking and module.current_epoch == injection.epoch and batch_idx == 0:
+                injection.fire("in-validation")
+            return validation_step(module, batch, batch_idx, *args)
+
         def test(module: S2M2Module, batch: Any, batch_idx: int) -> Any:
             injection.fire("in-test")
             return test_step(module, batch, batch_idx)
@@ -145,7 +153,7 @@ class Injection:
 
         checkpoints.AtomicCheckpointIO.save_checkpoint = chosen_save
         torch.save, os.fsync, os.replace = save, fsync, replace
-        S2M2Module.training_step, S2M2Module.test_step = step, test
+        S2M2Module.training_step, S2M2Module.test_step, S2M2Module.validation_step = step, test, validate
         S2M2Module.on_validation_epoch_start, FusedEngine.run = on_validation_epoch_start, run
 
 
