@@ -11,9 +11,9 @@ its peak memory is its own: the worker's peak resident set size on CPU (it inclu
     python benchmarks/bench_putm.py --sizes 200 --reference /path/to/PUTM      # + the reference, same tasks
     python benchmarks/bench_putm.py --sizes 10000 --em-steps 2                 # EXTRAPOLATED to 50 EM steps
     python benchmarks/bench_putm.py --precision bf16 --sizes 100               # any PUTM option: see --help
-    python benchmarks/bench_putm.py --solver triton --triton-kernel wide --triton-block-p 32 --triton-warps 8
-                                                          # the fused Triton kernel with one configuration
-    python benchmarks/bench_putm.py --sm90-resources      # no GPU: each kernel configuration's sm_90 resources
+    python benchmarks/bench_putm.py --solver triton --triton-warps 4 --triton-stages 3
+                                                          # the fused Triton kernel with one launch
+    python benchmarks/bench_putm.py --sm90-resources      # no GPU: each launch's sm_90 resources (tools/)
 
 ``--reference DIR`` is a local checkout of RashLog/PUTM (not part of this project); its ``methods/putm.py`` is
 run through benchmarks/reference_putm.py on exactly the same tasks in the same run, as one batch of T tasks
@@ -53,10 +53,11 @@ import platform
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from triton_flags import add_triton_flags, check_triton_flags, triton_flag_values, use_triton_config
+from triton_flags import add_triton_flags, check_triton_flags, putm_settings, triton_flag_values
 
 EM_STEPS = 50
 #: Dense (no sparsity) datasheet peaks in TFLOP/s: (name fragment, fp32, tf32, bf16); first match wins.
@@ -156,6 +157,15 @@ def solver_options(args: argparse.Namespace) -> dict:
     return options
 
 
+def build_solver(args: argparse.Namespace, options: dict):
+    """Our PUTM from :func:`solver_options` (or :func:`warm_up_options`) and the ``--triton-*`` launch."""
+    from lightning_putm.methods.putm import PUTM
+
+    options = dict(options)
+    budget = options.pop("memory_budget_mb")
+    return PUTM(putm_settings(options, args), shots=args.shots, balanced=args.balanced, memory_budget_mb=budget)
+
+
 def warm_up_options(args: argparse.Namespace) -> dict:
     """The untimed one-task warm-up's options: the timed run's, so that it compiles every kernel the timed run
     launches (triton specializes on early stopping, balance and precision), with one EM step (the M-step kernel
@@ -166,11 +176,8 @@ def warm_up_options(args: argparse.Namespace) -> dict:
 def worker(args: argparse.Namespace) -> dict:
     """Solve ``args.size`` tasks with one implementation; report seconds, chunks, accuracy and peak memory."""
     from lightning_putm.data.episodes import sample_episode_bank
-    from lightning_putm.methods.putm import PUTM
     from lightning_putm.metrics import task_accuracy
 
-    if args.solver == "triton":
-        use_triton_config(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -192,9 +199,9 @@ def worker(args: argparse.Namespace) -> dict:
         _sync(device)
         seconds, chunks, correct = time.perf_counter() - start, 1, float(accuracy.sum())
     else:
-        solver = PUTM(shots=args.shots, balanced=args.balanced, **solver_options(args))
+        solver = build_solver(args, solver_options(args))
         warm = bank_slice(bank, 0, 1).gather(features, device)
-        PUTM(shots=args.shots, balanced=args.balanced, **warm_up_options(args)).predict(warm.batch)
+        build_solver(args, warm_up_options(args)).predict(warm.batch)
         _reset_peak(device)
         start = time.perf_counter()
         for first in range(0, args.size, args.stream_tasks):
@@ -274,9 +281,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reference-max-tasks", type=int, default=1000,
                         help="largest T given to the reference (one batch, no chunking; memory grows with T)")
     parser.add_argument("--sm90-resources", action="store_true",
-                        help="print the Triton kernels' registers, spills, shared memory and estimated instructions "
-                             "per Adam step on sm_90 (compiled here, no GPU needed) for the configurations of the "
-                             "sweep, and exit")
+                        help="print the Triton kernel's registers, spills, shared memory and estimated instructions "
+                             "per Adam step on sm_90 (compiled here, no GPU needed) for the launches of the sweep "
+                             "(tools/triton_resources.py), and exit")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--implementation", default="ours", help=argparse.SUPPRESS)
@@ -288,9 +295,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.sm90_resources:
-        from lightning_putm.methods.putm.triton_resources import main as resources_table
+        from lightning_putm.studies.reference import import_from_checkout
 
-        resources_table()
+        import_from_checkout(Path(__file__).resolve().parents[1] / "tools", "triton_resources",
+                             flag="--sm90-resources").main()
         return
     if args.worker:
         print(json.dumps(worker(args)))
@@ -324,10 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"device: {device_name}; torch {torch.__version__}; memory budget {args.memory_budget_mb:g} MB; "
           f"{flops / 1e9:.1f} GFLOP per task; device peak {peak:,.0f} GFLOP/s ({source})")
     if args.solver == "triton":
-        from lightning_putm.methods.putm import triton_engine
-
-        use_triton_config(args)
-        print(f"triton kernel: {triton_engine.DEFAULT_CONFIG}")
+        launch = putm_settings({}, args)
+        print(f"triton launch: warps={launch.triton_warps}, stages={launch.triton_stages}")
     if args.em_steps != EM_STEPS:
         print(f"NOTE: rows marked 'extrap.' ran {args.em_steps} EM steps; their times are scaled by {scale:.2f} "
               f"to {EM_STEPS} EM steps (extrapolated, not measured)")

@@ -19,8 +19,8 @@ it; with ``--no-noise-floor`` the bound is 99.5%. bf16 is reported, not checked.
 
     python benchmarks/crosscheck_putm.py --device cuda --tasks 1000          # the acceptance run (GPU)
     python benchmarks/crosscheck_putm.py --device cuda --tasks 1000 --solver triton --shots 5
-    python benchmarks/crosscheck_putm.py --device cuda --tasks 1000 --solver triton --triton-adam fast
-        # ^ one kernel configuration: the --triton-* flags, as in bench_putm.py
+    python benchmarks/crosscheck_putm.py --device cuda --tasks 1000 --solver triton --triton-warps 4
+        # ^ one kernel launch: the --triton-* flags, as in bench_putm.py
     python benchmarks/crosscheck_putm.py --device cpu --tasks 100 --em-steps 5  # a quick CPU check
 
 Timings include a CUDA synchronisation; the first run of each engine warms up on one task first.
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from bench_methods import synthetic_features
-from triton_flags import add_triton_flags, check_triton_flags, use_triton_config
+from triton_flags import add_triton_flags, check_triton_flags, putm_settings
 from lightning_putm.data import sample_episode_bank
 from lightning_putm.methods.putm import PUTM
 from lightning_putm.metrics import mean_and_ci95, task_accuracy
@@ -74,8 +74,8 @@ def solve(solver: str, precision: str, batch, args: argparse.Namespace) -> tuple
     options = dict(solver=solver, precision=precision, em_steps=args.em_steps)
     if args.max_chunk_tasks is not None:
         options["max_chunk_tasks"] = args.max_chunk_tasks
-    PUTM(shots=args.shots, balanced=False, **options).predict(batch.slice(0, 1))
-    method = PUTM(shots=args.shots, balanced=False, **options)
+    PUTM(putm_settings(options, args), shots=args.shots, balanced=False).predict(batch.slice(0, 1))
+    method = PUTM(putm_settings(options, args), shots=args.shots, balanced=False)
     sync(batch.support.device)
     start = time.perf_counter()
     probabilities = method.predict(batch)
@@ -122,10 +122,8 @@ def main(argv: list[str] | None = None) -> int:
           f"d={features.shape[1]}, "
           f"{args.em_steps} EM steps; device: {name}; torch {torch.__version__}")
     if args.solver == "triton":
-        from lightning_putm.methods.putm import triton_engine
-
-        use_triton_config(args)
-        print(f"triton kernel: {triton_engine.DEFAULT_CONFIG}")
+        launch = putm_settings({}, args)
+        print(f"triton launch: warps={launch.triton_warps}, stages={launch.triton_stages}")
     print()
     print("| solver | precision | device | tasks | tasks/s | mean acc % ± CI95 | % same as spec | Δ acc (pts) |")
     print("|---|---|---|---|---|---|---|---|")

@@ -10,17 +10,14 @@
 #   2. solver=triton, 1-shot, tasks/s at T = 1000 (+ the reference on the same GPU when a checkout is given)
 #                                                                                     bench_putm.py
 #   3. a profile of one steady-state E-step launch of 1000 tasks (Nsight Compute, as text: occupancy, warp stall
-#      reasons, pipe and memory use; the default and the lean scratch; skipped without ncu)
-#   4. the kernels compared, the rows never timed first: the wide kernel's lean scratch, its configurations around
-#      today's default (pair tile, warps, exact or fast Adam, register cap, pipeline stages), then the chunked
-#      kernel (the first design) and the previous default (1 pipeline stage), T = 1000, 50 EM steps each; when
-#      fast Adam beat the default, the fastest row once more with fast Adam; when the lean scratch beat it, the
-#      fastest row once more with the lean scratch                                     bench_putm.py --triton-*
-#   5. the fastest configuration of steps 2 and 4: tasks/s at T = 10000 (1 shot), at T = 1000 (+ the reference)
-#      and 10000 (5 shots), its cross-checks against the fp32 engine with the noise floor (1 and 5 shots); the
-#      default settings as a user gets them (solver=auto, basis=auto) at T = 1000 and 10000; the reference at
-#      T = 10000 beside the fastest configuration (with a checkout), and 132 persistent programs
-#                                                               bench_putm.py, crosscheck_putm.py --triton-*
+#      reasons, pipe and memory use; skipped without ncu)
+#   4. the kernel's launches compared, the rows never timed first: warps per program and pipeline stages around
+#      today's default (8 warps, 3 stages), then the earlier 1-stage launches, T = 1000, 50 EM steps each
+#                                                                                   bench_putm.py --triton-*
+#   5. the fastest launch of steps 2 and 4: tasks/s at T = 10000 (1 shot), at T = 1000 (+ the reference) and 10000
+#      (5 shots), its cross-checks against the fp32 engine with the noise floor (1 and 5 shots); the default
+#      settings as a user gets them (solver=auto, basis=auto) at T = 1000 and 10000; the reference at T = 10000
+#      beside the fastest launch (with a checkout)             bench_putm.py, crosscheck_putm.py --triton-*
 #   6. the other CUDA-marked tests (step 1 ran the kernel's)                  python -m pytest -m cuda
 #   7. --solver compiled at T = 1000 and 10000, and the compiled engine's cross-check
 #                                                                             bench_putm.py, crosscheck_putm.py
@@ -31,7 +28,7 @@
 # cannot start with 20 s left is recorded as SKIPPED, and each step's limit is cut to what is left. Under a budget
 # the sweep (step 4) stops early enough to leave GPU_CHECK_RESERVE seconds (default 240) to step 5.
 # It writes <GPU_CHECK_OUT>/<UTC date>-<device>.md (default outputs/gpu_check/), whose path it prints, with a table
-# of the configurations of steps 2 and 4 by tasks/s, the fastest first. The exit
+# of the launches of steps 2 and 4 by tasks/s, the fastest first. The exit
 # status is 0 only if every step ran and passed.
 #
 # Environment: PUTM_REFERENCE (same as the argument), GPU_CHECK_OUT (report folder), GPU_CHECK_WHEELS (a folder
@@ -132,7 +129,7 @@ run_step() {
         local left=$((BUDGET - (SECONDS - CHECK_START) - KEEP))
         if [[ $left -lt 20 ]]; then
             local why="budget of $BUDGET s spent"
-            [[ $KEEP -gt 0 ]] && why="the budget's last $KEEP s are kept for the fastest configuration's steps"
+            [[ $KEEP -gt 0 ]] && why="the budget's last $KEEP s are kept for the fastest launch's steps"
             echo "=== $title: SKIPPED ($why)"
             echo "| $title | SKIPPED ($why) | 0 |" >>"$SUMMARY"
             SKIPPED=1
@@ -180,123 +177,61 @@ fi
 BENCH=("$PYTHON" benchmarks/bench_putm.py --device cuda)
 TRITON=("${BENCH[@]}" --solver triton --basis cholesky)
 BIG=(--stream-tasks 10000 --memory-budget-mb 32768)
-# A kernel configuration, as the sweep names it: kernel BLOCK_P BLOCK_K warps Adam register-cap stages scratch
-# (BLOCK_P "-": each precision's default pair tile, BF16_TILE in bf16; register cap "-": none; stages "-": the
-# kernel's default, WIDE_STAGES for the wide kernel; scratch "-": the default, full). KernelConfig()'s, its bf16
-# tile and the wide kernel's default stages (tests/test_putm_triton.py holds them equal):
-DEFAULT_VARIANT="wide - 16 8 exact - - -"
-BF16_TILE=32
-WIDE_STAGES=3
-# variant_args VARIANT: its bench_putm.py flags, in VARIANT_ARGS; the same without the pair tile, in CHECK_ARGS
-# (the cross-check also runs the kernel in fp32, whose tiles are smaller: a bf16 tile of 64 or more spills tens of
-# KB per thread there); its name, in VARIANT_NAME
+# A kernel launch, as the sweep names it: warps per program, pipeline stages. The default is PUTMSettings'
+# triton_warps and triton_stages (tests/test_putm_triton.py holds them equal):
+DEFAULT_VARIANT="8 3"
+# variant_args VARIANT: its bench_putm.py and crosscheck_putm.py flags, in VARIANT_ARGS; its name, in VARIANT_NAME
 variant_args() {
-    local kernel block_p block_k warps adam cap stages scratch
-    read -r kernel block_p block_k warps adam cap stages scratch <<<"$1"
-    CHECK_ARGS=(--triton-kernel "$kernel" --triton-block-k "$block_k" --triton-warps "$warps" --triton-adam "$adam")
-    [[ $cap != - ]] && CHECK_ARGS+=(--triton-max-registers "$cap")
-    [[ $stages != - ]] && CHECK_ARGS+=(--triton-stages "$stages")
-    [[ $scratch != - ]] && CHECK_ARGS+=(--triton-scratch "$scratch")
-    VARIANT_ARGS=("${CHECK_ARGS[@]}")
-    [[ $block_p != - ]] && VARIANT_ARGS+=(--triton-block-p "$block_p")
-    VARIANT_NAME="$kernel$([[ $block_p != - ]] && echo " BLOCK_P=$block_p")$([[ $kernel == chunked ]] \
-&& echo " BLOCK_K=$block_k") warps=$warps Adam=$adam$([[ $cap != - ]] && echo " registers<=$cap") \
-stages=$(stages_of "$kernel" "$stages")$([[ $scratch != - ]] && echo " scratch=$scratch")"
-}
-# stages_of KERNEL STAGES: the pipeline stages a configuration runs with ("-": the kernel's default)
-stages_of() {
-    if [[ $2 != - ]]; then
-        echo "$2"
-    elif [[ $1 == wide ]]; then
-        echo "$WIDE_STAGES"
-    else
-        echo 1
-    fi
+    local warps stages
+    read -r warps stages <<<"$1"
+    VARIANT_ARGS=(--triton-warps "$warps" --triton-stages "$stages")
+    VARIANT_NAME="warps=$warps stages=$stages"
 }
 # sweep_row VARIANT LABEL: the last step's tasks/s (bench_putm.py's "ours cuda 1000 chunks seconds tasks/s …" line)
-# as a row of the sweep's table; the fastest passing configuration so far becomes BEST_VARIANT
+# as a row of the sweep's table; the fastest passing launch so far becomes BEST_VARIANT
 BEST_VARIANT="$DEFAULT_VARIANT"
 BEST_RATE=0
-declare -A RATE_OF  # tasks/s of each configuration that gave a rate
 sweep_row() {
-    local kernel block_p block_k warps adam cap stages scratch rate="—"
-    read -r kernel block_p block_k warps adam cap stages scratch <<<"$1"
+    local warps stages rate="—"
+    read -r warps stages <<<"$1"
     [[ $STEP_RESULT == passed ]] && rate="$(awk '$1 == "ours" && $3 == 1000 {print $6; exit}' "$LOG")"
-    [[ -n "$rate" && $rate != — ]] && RATE_OF["$1"]="$rate"
-    echo "| $kernel$2 | ${block_p/-/$BF16_TILE} | $([[ $kernel == chunked ]] && echo "$block_k" || echo —) | $warps | $adam \
-| ${cap/-/—} | $(stages_of "$kernel" "$stages") | $([[ $kernel == chunked ]] && echo — || echo "${scratch/-/full}") \
-| ${rate:-—} | ${STEP_RESULT%% (*} |" >>"$SWEEP"
+    echo "| $warps$2 | $stages | ${rate:-—} | ${STEP_RESULT%% (*} |" >>"$SWEEP"
     if [[ -n "$rate" && $rate != — ]] && awk -v a="$rate" -v b="$BEST_RATE" 'BEGIN {exit !(a + 0 > b + 0)}'; then
         BEST_VARIANT="$1"
         BEST_RATE="$rate"
     fi
 }
-# 1-2: the fused Triton kernel's CUDA tests, then its default configuration at 1 shot, T = 1000 (+ the reference on
+# 1-2: the fused Triton kernel's CUDA tests, then its default launch at 1 shot, T = 1000 (+ the reference on
 #    the same GPU when a checkout is given): the sweep's first row
 run_step "Triton kernel: CUDA tests" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider tests/test_putm_triton.py
 run_step "PUTM solver, --solver triton, 1-shot, T = 1000" text "${TRITON[@]}" --sizes 1000 "${REFERENCE_ARGS[@]}"
 sweep_row "$DEFAULT_VARIANT" " (default)"
 # 3: where an E-step's time goes (before the sweep, so that a short slot still gets it): the 6th launch of the
-#    E-step kernel, the 4th of the timed run (the warm-up's two and the first E-steps' passed), for the default
-#    configuration and for the lean scratch (whose point is the L2 hit rate: the profiles say whether it moved)
+#    E-step kernel, the 4th of the timed run (the warm-up's two and the first E-steps' passed)
 if command -v ncu >/dev/null; then
-    for SCRATCH in full lean; do
-        run_step "Triton kernel: Nsight Compute profile of one E-step of 1000 tasks ($SCRATCH scratch)" text ncu \
-            --launch-skip 5 --launch-count 1 -k regex:e_step_kernel --section SpeedOfLight --section Occupancy \
-            --section LaunchStats --section WarpStateStats --section SchedulerStats --section InstructionStats \
-            --section MemoryWorkloadAnalysis "${TRITON[@]}" --sizes 1000 --em-steps 5 \
-            $([[ $SCRATCH == lean ]] && echo --triton-scratch lean)
-    done
+    run_step "Triton kernel: Nsight Compute profile of one E-step of 1000 tasks" text ncu --launch-skip 5 \
+        --launch-count 1 -k regex:e_step_kernel --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --section InstructionStats --section MemoryWorkloadAnalysis \
+        "${TRITON[@]}" --sizes 1000 --em-steps 5
 else
     echo "| Triton kernel: Nsight Compute profile | SKIPPED (no ncu on PATH) | 0 |" >>"$SUMMARY"
 fi
-# 4: the kernels and their configurations compared (T = 1000, the full 50 EM steps; the warm-up compiles each
-#    kernel, untimed), the rows never timed first, since a short slot drops the last ones: the lean scratch
-#    (activations computed again in the backward, inputs in rows of m columns, bf16 weight gradients: 38% fewer
-#    bytes per Adam step and a working set of 43 MB for 132 programs, inside the 50 MB L2, against 72 MB; 20% more
-#    instructions by the estimate), with 3 stages and with 4; then the variants of today's default (8 warps, 3
-#    stages: the fastest row of the H100 sweep of 2026-11-27) that the sweep left open: approximate Adam; 4
-#    pipeline stages; 4-warp programs (faster than 8 at 1 stage); 2 stages; pair tiles of 16; registers capped at
-#    128 for two programs per SM; 16 warps; 4 warps with 4 stages; pair tiles of 64 (the largest that fits with 3
-#    stages: 128 needs 271 KB of shared memory); last the chunked kernel and the wide kernel's previous default (1
-#    stage), timed on 2026-11-27, again for the ratios in the same session. Under a budget the sweep leaves
-#    GPU_CHECK_RESERVE seconds to step 5.
+# 4: the launches compared (T = 1000, the full 50 EM steps; the warm-up compiles each build, untimed), the rows
+#    never timed first, since a short slot drops the last ones: 4 warps with 3 stages (4 warps gained 11% over 8 at
+#    1 stage in the H100 sweep of docs/lab/gpu-kernel.md, and two 4-warp programs share an SM), 4 stages with 8 and
+#    4 warps, 2 stages, 16 warps; last the two 1-stage launches timed before, again for the ratios in the same
+#    session. Under a budget the sweep leaves GPU_CHECK_RESERVE seconds to step 5.
 [[ $BUDGET -gt 0 ]] && KEEP=$RESERVE
-for VARIANT in "wide - 16 8 exact - - lean" "wide - 16 8 exact - 4 lean" "wide - 16 8 fast - - -" \
-    "wide - 16 8 exact - 4 -" "wide - 16 4 exact - - -" "wide - 16 8 exact - 2 -" "wide 16 16 8 exact - - -" \
-    "wide - 16 8 exact 128 - -" "wide - 16 16 exact - - -" "wide - 16 4 exact - 4 -" "wide 64 16 8 exact - - -" \
-    "chunked - 16 8 exact - 1 -" "wide - 16 8 exact - 1 -"; do
+for VARIANT in "4 3" "8 4" "4 4" "8 2" "16 3" "4 1" "8 1"; do
     variant_args "$VARIANT"
     run_step "Triton sweep $VARIANT_NAME" text "${TRITON[@]}" --sizes 1000 "${VARIANT_ARGS[@]}"
     sweep_row "$VARIANT" ""
 done
-# The rows change one thing at a time, so a change that beat the default may add to another row's gain: then the
-# fastest row runs once more with that change too. beat_default CHANGED_VARIANT: whether it beat the default.
-beat_default() {
-    [[ -n "${RATE_OF[$1]:-}" && -n "${RATE_OF[$DEFAULT_VARIANT]:-}" ]] \
-        && awk -v a="${RATE_OF[$1]}" -v b="${RATE_OF[$DEFAULT_VARIANT]}" 'BEGIN {exit !(a + 0 > b + 0)}'
-}
-# combined_row VARIANT CHANGE: the fastest row with CHANGE as VARIANT, timed as a row of the sweep
-combined_row() {
-    variant_args "$1"
-    run_step "Triton sweep $VARIANT_NAME (the fastest row, with $2)" text "${TRITON[@]}" --sizes 1000 \
-        "${VARIANT_ARGS[@]}"
-    sweep_row "$1" ""
-}
-# Approximate Adam changes only the Adam loops: the fastest row, if its Adam is exact, with approximate Adam.
-if beat_default "${DEFAULT_VARIANT/ exact / fast }" && [[ $BEST_VARIANT == *" exact "* ]]; then
-    combined_row "${BEST_VARIANT/ exact / fast }" "approximate Adam"
-fi
-# The lean scratch changes only what a program keeps in memory between the phases of an Adam step (it and the
-# default both with 3 stages): the fastest row, if it keeps the full scratch, with the lean one.
-if beat_default "${DEFAULT_VARIANT% -} lean" && [[ $BEST_VARIANT == *" -" ]]; then
-    combined_row "${BEST_VARIANT% -} lean" "the lean scratch"
-fi
 KEEP=0
-# 5: the sweep's fastest configuration (the default if no row beat it) for the issue's numbers: T = 10,000 at 1 and
-#    5 shots (+ the reference at T = 1000, 5 shots), peak memory, its cross-checks against the fp32 engine; the
-#    default settings end to end (solver=auto, basis=auto: no flags); then the reference at
-#    T = 10,000 (the first thing a short slot drops: the H100's was measured on 2026-11-24 and 2026-11-27)
+# 5: the sweep's fastest launch (the default if no row beat it) for the issue's numbers: T = 10,000 at 1 and 5 shots
+#    (+ the reference at T = 1000, 5 shots), peak memory, its cross-checks against the fp32 engine; the default
+#    settings end to end (solver=auto, basis=auto: no flags); then the reference at T = 10,000 (the first thing a
+#    short slot drops: the H100's is in docs/lab/gpu-kernel.md)
 variant_args "$BEST_VARIANT"
 BEST=("${TRITON[@]}" "${VARIANT_ARGS[@]}")
 BEST_NAME="$VARIANT_NAME"
@@ -304,17 +239,15 @@ run_step "PUTM solver, --solver triton (fastest: $BEST_NAME), 1-shot, T = 10000"
     "${BIG[@]}"
 run_step "PUTM solver, --solver triton (fastest: $BEST_NAME), 5-shot" text "${BEST[@]}" --sizes 1000 10000 \
     --shots 5 "${BIG[@]}" "${REFERENCE_ARGS[@]}"
-for SHOTS in 1 5; do  # each precision's own pair tile (CHECK_ARGS)
+for SHOTS in 1 5; do
     run_step "Triton (fastest: $BEST_NAME) vs fp32 engine, $SHOTS-shot" text "$PYTHON" benchmarks/crosscheck_putm.py \
-        --device cuda --tasks 1000 --solver triton --shots "$SHOTS" "${CHECK_ARGS[@]}"
+        --device cuda --tasks 1000 --solver triton --shots "$SHOTS" "${VARIANT_ARGS[@]}"
 done
 run_step "PUTM solver, default settings (solver=auto, basis=auto)" text "${BENCH[@]}" --sizes 1000 10000 "${BIG[@]}"
 if [[ -n "$REFERENCE" ]]; then  # the ratio at T = 10,000 in one table (ours runs again: a second measurement)
-    run_step "PUTM reference and the fastest configuration ($BEST_NAME), T = 10000" text "${BEST[@]}" --sizes 10000 \
+    run_step "PUTM reference and the fastest launch ($BEST_NAME), T = 10000" text "${BEST[@]}" --sizes 10000 \
         "${BIG[@]}" "${REFERENCE_ARGS[@]}" --reference-max-tasks 10000
 fi
-run_step "Triton sweep, 132 persistent programs (fastest: $BEST_NAME)" text "${BEST[@]}" --sizes 1000 \
-    --triton-programs 132
 # 6: every other CUDA test (step 1 ran the kernel's)
 run_step "CUDA-marked tests (besides step 1's)" text "$PYTHON" -m pytest -m cuda -q -p no:cacheprovider \
     --ignore=tests/test_putm_triton.py
@@ -357,14 +290,14 @@ run_step "Triton kernel: sm_90 resources (ptxas)" text "$PYTHON" benchmarks/benc
     echo "## Triton kernel sweep (1-shot, bf16, T = 1000, 50 EM steps, tasks/s; the fastest first)"
     echo
     if [[ $BEST_RATE == 0 ]]; then
-        echo "No configuration gave a rate; the steps titled \"fastest: …\" ran the default, $BEST_NAME."
+        echo "No launch gave a rate; the steps titled \"fastest: …\" ran the default, $BEST_NAME."
     else
-        echo "The steps titled \"fastest: …\" ran the fastest configuration, $BEST_NAME ($BEST_RATE tasks/s)."
+        echo "The steps titled \"fastest: …\" ran the fastest launch, $BEST_NAME ($BEST_RATE tasks/s)."
     fi
     echo
-    echo "| kernel | BLOCK_P | BLOCK_K | warps | Adam | register cap | stages | scratch | tasks/s | result |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
-    sort -t '|' -k 10 -g -r "$SWEEP"
+    echo "| warps | stages | tasks/s | result |"
+    echo "|---|---|---|---|"
+    sort -t '|' -k 4 -g -r "$SWEEP"
     echo
     echo "## WRN-28-10 S2M2 training throughput (s2m2r step, 84x84, batch 64, synthetic images)"
     echo

@@ -57,32 +57,33 @@ def test_without_the_noise_floor_the_bound_is_99_5(monkeypatch, capsys, flips, e
     assert code == expected and "(noise floor)" not in out
 
 
-def test_triton_flags_choose_the_kernel_configuration_the_check_runs(monkeypatch, capsys):
-    """``--triton-*`` flags (those of bench_putm.py) set the kernel configuration before the engines run, so the
-    GPU check can hold the sweep's fastest configuration to the noise floor with the flags that timed it. Kills:
-    flags parsed but not applied (the default kernel would be checked under the configuration's name)."""
-    from lightning_putm.methods.putm import triton_engine
-
-    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig())
-    spec = torch.rand(TASKS, 75, 5, generator=torch.Generator().manual_seed(0)).softmax(-1)
+def test_triton_flags_choose_the_launch_the_check_runs(monkeypatch, capsys):
+    """``--triton-*`` flags (those of bench_putm.py) reach the settings of the PUTM each run builds, so the GPU
+    check can hold the sweep's fastest launch to the noise floor with the flags that timed it. Kills: flags parsed
+    but not applied (the default launch would be checked under another launch's name)."""
     seen = []
 
-    def solve(solver, precision, batch, args):
-        seen.append((solver, triton_engine.DEFAULT_CONFIG))
-        return spec, 1.0
+    class Recorder:
+        """Stands in for PUTM: records the settings it is built with, predicts at random."""
 
-    monkeypatch.setattr(crosscheck_putm, "solve", solve)
+        def __init__(self, settings, **kwargs):
+            seen.append(settings)
+
+        def predict(self, batch):
+            return torch.rand(batch.num_tasks, 75, 5, generator=torch.Generator().manual_seed(0)).softmax(-1)
+
+    monkeypatch.setattr(crosscheck_putm, "PUTM", Recorder)
     argv = ["--device", "cpu", "--tasks", str(TASKS), "--dim", "8", "--no-bf16", "--no-noise-floor", "--solver",
-            "triton", "--triton-adam", "fast", "--triton-warps", "4", "--triton-stages", "2"]
-    assert crosscheck_putm.main(argv) == 0
-    chosen = triton_engine.KernelConfig(exact_adam=False, num_warps=4, num_stages=2)
-    assert seen == [("fused", chosen), ("triton", chosen)]
-    assert f"triton kernel: {chosen}" in capsys.readouterr().out
+            "triton", "--triton-warps", "4", "--triton-stages", "2"]
+    crosscheck_putm.main(argv)
+    assert [s.solver for s in seen] == ["fused", "fused", "triton", "triton"]  # each run's warm-up, then the run
+    assert all((s.triton_warps, s.triton_stages) == (4, 2) for s in seen)
+    assert "triton launch: warps=4, stages=2" in capsys.readouterr().out
 
 
 def test_triton_flags_without_solver_triton_stop_with_one_line(capsys):
     """A kernel flag with another solver would be ignored and the table mistaken for that configuration's."""
     with pytest.raises(SystemExit):
-        crosscheck_putm.parse_args(["--triton-adam", "fast", "--triton-warps", "4"])
-    assert ("--triton-warps, --triton-adam only apply to --solver triton (got --solver compiled)"
+        crosscheck_putm.parse_args(["--triton-stages", "2", "--triton-warps", "4"])
+    assert ("--triton-warps, --triton-stages only apply to --solver triton (got --solver compiled)"
             in capsys.readouterr().err)

@@ -254,14 +254,10 @@ case "$*" in
     *"-m pytest -m cuda"*) echo "4 passed" ;;
     *"--solver compiled"*) echo "compiled solver crashed"; exit 3 ;;
     *crosscheck_putm.py*) echo "agreement 99.9%" ;;
-    *"--triton-scratch lean --triton-block-p 64"*) echo "ours           cuda     1000      1      1.18   850.000" ;;
-    *"--triton-adam fast"*"--triton-block-p 64"*) echo "ours           cuda     1000      1      1.10   909.090" ;;
-    *"--triton-block-p 64"*) echo "ours           cuda     1000      1      1.23   812.500" ;;
-    *"--triton-warps 8 --triton-adam fast"*) echo "ours           cuda     1000      1      1.43   700.000" ;;
+    *"--triton-warps 4 --triton-stages 3"*) echo "ours           cuda     1000      1      1.43   700.000" ;;
+    *"--triton-warps 8 --triton-stages 4"*) echo "ours           cuda     1000      1      1.54   650.000" ;;
     *"--triton-warps 16"*) echo "Triton compile error"; exit 4 ;;
-    *"--triton-stages 4 --triton-scratch lean"*) echo "ours           cuda     1000      1      1.82   550.000" ;;
-    *"--triton-adam exact --triton-scratch lean"*) echo "ours           cuda     1000      1      1.54   650.000" ;;
-    *--triton-kernel*) echo "ours           cuda     1000      1      2.50   400.000" ;;
+    *--triton-warps*) echo "ours           cuda     1000      1      2.50   400.000" ;;
     *"--solver triton --basis cholesky --sizes 1000"|*"--solver triton --basis cholesky --sizes 1000 --reference "*) echo "ours           cuda     1000      1      1.67   600.000" ;;
     *bench_putm.py*) echo "PUTM table" ;;
     *--header-only*) echo "| backbone | precision |"; echo "|---|---|" ;;
@@ -297,46 +293,30 @@ def test_gpu_check_records_a_failing_step_and_goes_on(tmp_path: Path) -> None:
     assert "| PUTM solver, --solver compiled | FAILED (exit 3) |" in text and "compiled solver crashed" in text
     assert "| CUDA-marked tests (besides step 1's) | passed |" in text and "4 passed" in text
     assert "-m pytest -m cuda -q -p no:cacheprovider --ignore=tests/test_putm_triton.py`" in text  # step 1 ran them
-    # the default settings as a user gets them, timed beside the fastest configuration
+    # the default settings as a user gets them, timed beside the fastest launch
     assert "| PUTM solver, default settings (solver=auto, basis=auto) | passed |" in text
     assert "`python3 benchmarks/bench_putm.py --device cuda --sizes 1000 10000 --stream-tasks 10000 " \
            "--memory-budget-mb 32768` — passed" in text.replace(str(stub), "python3")
-    # step 3 profiles the default configuration and the lean scratch, one E-step launch each
-    for scratch, flag in (("full", "--em-steps 5`"), ("lean", "--em-steps 5 --triton-scratch lean`")):
-        title = f"Triton kernel: Nsight Compute profile of one E-step of 1000 tasks ({scratch} scratch)"
-        assert f"| {title} | passed |" in text
-        command = text.split(f"## {title}\n")[1].split("\n")[1]
-        assert command.startswith("`ncu --launch-skip 5 --launch-count 1 -k regex:e_step_kernel") and flag in command
+    # step 3 profiles one E-step launch of the default
+    title = "Triton kernel: Nsight Compute profile of one E-step of 1000 tasks"
+    assert f"| {title} | passed |" in text
+    command = text.split(f"## {title}\n")[1].split("\n")[1]
+    assert command.startswith("`ncu --launch-skip 5 --launch-count 1 -k regex:e_step_kernel")
+    assert command.split("`")[1].endswith("--solver triton --basis cholesky --sizes 1000 --em-steps 5")
     # the kernel sweep's table: every row, the fastest first, a failed row without a rate
     sweep = text.split("## Triton kernel sweep")[1].split("\n\n")[2].splitlines()[2:]
-    # approximate Adam (700) beat the default (600), so the fastest row (pair tiles of 64) ran with it too; then the
-    # lean scratch (650) beat the default too, so that fastest row ran with the lean scratch as well; a row whose
-    # stages are "-" shows the wide kernel's default, 3
-    assert sweep[:4] == ["| wide | 64 | — | 8 | fast | — | 3 | full | 909.090 | passed |",
-                         "| wide | 64 | — | 8 | fast | — | 3 | lean | 850.000 | passed |",
-                         "| wide | 64 | — | 8 | exact | — | 3 | full | 812.500 | passed |",
-                         "| wide | 32 | — | 8 | fast | — | 3 | full | 700.000 | passed |"]
-    assert ("| Triton sweep wide BLOCK_P=64 warps=8 Adam=fast stages=3 (the fastest row, with approximate Adam) "
-            "| passed |") in text
-    assert ("| Triton sweep wide BLOCK_P=64 warps=8 Adam=fast stages=3 scratch=lean (the fastest row, with the lean "
-            "scratch) | passed |") in text
-    assert "| wide (default) | 32 | — | 8 | exact | — | 3 | full | 600.000 | passed |" in sweep  # step 2's rate
-    assert "| chunked | 32 | 16 | 8 | exact | — | 1 | — | 400.000 | passed |" in sweep
-    assert "| wide | 32 | — | 8 | exact | — | 1 | full | 400.000 | passed |" in sweep  # the previous default
-    assert "| wide | 32 | — | 8 | exact | 128 | 3 | full | 400.000 | passed |" in sweep
-    assert "| wide | 32 | — | 8 | exact | — | 3 | lean | 650.000 | passed |" in sweep
-    assert "| wide | 32 | — | 8 | exact | — | 4 | lean | 550.000 | passed |" in sweep
-    assert sweep[-1] == "| wide | 32 | — | 16 | exact | — | 3 | full | — | FAILED |"
-    assert len(sweep) == 1 + len(re.findall(r"^\| Triton sweep (?!,)", text, re.M))
-    # step 5 runs the fastest row's configuration: T = 10,000 and 5 shots with its flags, the cross-checks with
-    # each precision's own pair tile (a bf16 tile of 128 would spill tens of KB per thread in fp32)
-    fastest = "wide BLOCK_P=64 warps=8 Adam=fast stages=3"
-    assert f'The steps titled "fastest: …" ran the fastest configuration, {fastest} (909.090 tasks/s).' in text
-    flags = "--triton-kernel wide --triton-block-k 16 --triton-warps 8 --triton-adam fast"  # default stages: no flag
-    for title, command in [("PUTM solver, --solver triton (fastest: {}), 1-shot, T = 10000",
-                            f"{flags} --triton-block-p 64 --sizes 10000"),
+    assert sweep[:3] == ["| 4 | 3 | 700.000 | passed |", "| 8 | 4 | 650.000 | passed |",
+                         "| 8 (default) | 3 | 600.000 | passed |"]  # the default: step 2's rate
+    assert "| 8 | 1 | 400.000 | passed |" in sweep and "| 4 | 1 | 400.000 | passed |" in sweep  # the 1-stage launches
+    assert sweep[-1] == "| 16 | 3 | — | FAILED |"
+    assert len(sweep) == 1 + len(re.findall(r"^\| Triton sweep ", text, re.M))
+    # step 5 runs the fastest row's launch: T = 10,000 and 5 shots with its flags, and the cross-checks
+    fastest = "warps=4 stages=3"
+    assert f'The steps titled "fastest: …" ran the fastest launch, {fastest} (700.000 tasks/s).' in text
+    flags = "--triton-warps 4 --triton-stages 3"
+    for title, command in [("PUTM solver, --solver triton (fastest: {}), 1-shot, T = 10000", f"{flags} --sizes 10000"),
                            ("PUTM solver, --solver triton (fastest: {}), 5-shot",
-                            f"{flags} --triton-block-p 64 --sizes 1000 10000 --shots 5"),
+                            f"{flags} --sizes 1000 10000 --shots 5"),
                            ("Triton (fastest: {}) vs fp32 engine, 5-shot", f"--shots 5 {flags}`")]:
         assert f"| {title.format(fastest)} | passed |" in text
         assert command in text.split(f"## {title.format(fastest)}\n")[1].split("\n")[1]
@@ -367,13 +347,13 @@ def test_gpu_check_budget_skips_the_steps_it_cannot_fit(tmp_path: Path) -> None:
     assert "FAILED" not in text
     assert re.findall(r"^\| (.+?) \| passed \|", text, re.M) == []
     assert "| Triton kernel: sm_90 resources (ptxas) | SKIPPED (budget of 15 s spent) | 0 |" in text
-    assert "| chunked | 32 | 16 | 8 | exact | — | 1 | — | — | SKIPPED |" in text  # no rate from an earlier step
+    assert "| 8 | 1 | — | SKIPPED |" in text  # no rate from an earlier step
 
 
-def test_gpu_check_budget_keeps_time_for_the_fastest_configuration(tmp_path: Path) -> None:
+def test_gpu_check_budget_keeps_time_for_the_fastest_launch(tmp_path: Path) -> None:
     """Under a budget the kernel sweep stops GPU_CHECK_RESERVE seconds before its end, so that the fastest
-    configuration still gets its T = 10,000 and 5-shot runs and its cross-checks (the issue's numbers); without a
-    sweep that is the default configuration, timed by step 2. Kills: a reserve ignored by the sweep (its rows would
+    launch still gets its T = 10,000 and 5-shot runs and its cross-checks (the issue's numbers); without a
+    sweep that is the default launch, timed by step 2. Kills: a reserve ignored by the sweep (its rows would
     pass), a reserve kept after the sweep too (step 5 would be skipped)."""
     stub = tmp_path / "python3"
     stub.write_text(STUB_PYTHON)
@@ -387,19 +367,18 @@ def test_gpu_check_budget_keeps_time_for_the_fastest_configuration(tmp_path: Pat
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stdout + done.stderr
     text = next(out.iterdir()).read_text()
-    kept = "SKIPPED (the budget's last 290 s are kept for the fastest configuration's steps)"
-    assert f"| Triton sweep wide warps=8 Adam=fast stages=3 | {kept} | 0 |" in text
-    assert len(re.findall(r"^\| Triton sweep (?!,).*SKIPPED", text, re.M)) == 13
-    assert "with approximate Adam)" not in text and "with the lean scratch)" not in text  # no rates: no combined rows
-    default = "wide warps=8 Adam=exact stages=3"
-    assert f"The steps titled \"fastest: …\" ran the fastest configuration, {default} (600.000 tasks/s)." in text
+    kept = "SKIPPED (the budget's last 290 s are kept for the fastest launch's steps)"
+    assert f"| Triton sweep warps=4 stages=3 | {kept} | 0 |" in text
+    assert len(re.findall(r"^\| Triton sweep .*SKIPPED", text, re.M)) == 7
+    default = "warps=8 stages=3"
+    assert f"The steps titled \"fastest: …\" ran the fastest launch, {default} (600.000 tasks/s)." in text
     for title in ["PUTM solver, --solver triton (fastest: {}), 1-shot, T = 10000",
                   "PUTM solver, --solver triton (fastest: {}), 5-shot", "Triton (fastest: {}) vs fp32 engine, 1-shot",
                   "Triton (fastest: {}) vs fp32 engine, 5-shot"]:
         assert f"| {title.format(default)} | passed |" in text
-    title = f"PUTM reference and the fastest configuration ({default}), T = 10000"
+    title = f"PUTM reference and the fastest launch ({default}), T = 10000"
     assert f"| {title} | passed |" in text
-    assert (f"--triton-adam exact --sizes 10000 --stream-tasks 10000 --memory-budget-mb 32768 "
+    assert (f"--triton-warps 8 --triton-stages 3 --sizes 10000 --stream-tasks 10000 --memory-budget-mb 32768 "
             f"--reference {reference} --reference-max-tasks 10000`") in text.split(f"## {title}\n")[1].split("\n")[1]
 
 

@@ -17,10 +17,10 @@ from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.errors import ConfigError
 from lightning_putm.methods.putm import PUTM, PUTMSettings
 from lightning_putm.methods.putm.adam import StackedAdam
-from lightning_putm.methods.putm.compiled import CompiledTrainer
-from lightning_putm.methods.putm.engines import FusedTrainer
+from lightning_putm.methods.putm.compiled import CompiledEngine
+from lightning_putm.methods.putm.engines import FusedEngine
 from lightning_putm.methods.putm.navigator import Navigator, device_normal
-from lightning_putm.methods.putm.solvers import make_trainer, resolve_solver
+from lightning_putm.methods.putm.solvers import make_engine, resolve_solver
 from lightning_putm.methods.putm.step import navigator_step
 from lightning_putm.metrics import task_accuracy
 
@@ -80,7 +80,7 @@ def test_step_function_gradient_equals_the_fused_engines():
     # the pure step function must give the fused engine's π_f, π_b and flat gradient (layout included)
     navigator = navigator_for(3)
     settings = PUTMSettings(rho=0.6, theta=0.1, inner_steps=1, hidden=(16, 8))
-    fused = FusedTrainer(navigator, settings, torch.float32)
+    fused = FusedEngine(navigator, settings, torch.float32)
     generator = torch.Generator().manual_seed(1)
     query, prototypes = torch.rand(3, 7, 12, generator=generator), torch.rand(3, 4, 12, generator=generator)
     squared = (query.unsqueeze(2) - prototypes.unsqueeze(1)).pow(2)
@@ -190,20 +190,41 @@ def test_auto_is_fused_on_cpu_and_compiled_on_cuda(monkeypatch):
     assert resolve_solver("auto", torch.device("cuda")) == "compiled"
     assert resolve_solver("autograd", torch.device("cuda")) == "autograd"
     settings = PUTMSettings(hidden=(16, 8))
-    assert type(make_trainer(navigator_for(2), settings, torch.float32)) is FusedTrainer
-    # a CUDA device, monkeypatched: make_trainer must build the compiled engine (with its graph switched off)
-    made = {}
-
-    class Recorder(CompiledTrainer):
-        def __init__(self, *args, **kwargs):
-            made["solver"] = "compiled"
-            super().__init__(*args, **kwargs, use_graph=False)
-
-    monkeypatch.setattr("lightning_putm.methods.putm.solvers.CompiledTrainer", Recorder)
+    assert type(make_engine(navigator_for(2), settings, torch.float32)) is FusedEngine
+    # a CUDA device, monkeypatched: make_engine must build the compiled engine (no CUDA graph on a CPU navigator)
     monkeypatch.setattr("lightning_putm.methods.putm.solvers.resolve_solver",
                         lambda solver, device, precision: resolve_solver(solver, torch.device("cuda"), precision))
-    assert isinstance(make_trainer(navigator_for(2), settings, torch.float32), CompiledTrainer)
-    assert made == {"solver": "compiled"}
+    assert type(make_engine(navigator_for(2), settings, torch.float32)) is CompiledEngine
+
+
+def test_every_solver_names_an_engine_whose_own_estimate_sizes_the_chunks():
+    """Each ``solver`` value but ``auto`` (``settings.ENGINES``) names a concrete :class:`Engine` subclass, and
+    PUTM's memory per task is the preprocessing's rows plus the estimate of the engine that will run. Kills: a
+    registry line naming a missing or wrong class, an engine without its own ``run``/``reinit``/``bytes_per_task``
+    (abstract, not instantiable), chunks sized by one engine's estimate whatever the solver (``autograd`` keeps
+    every layer's activations for its backward: a larger estimate than ``fused``'s)."""
+    import inspect
+
+    from lightning_putm.methods.putm.engines import Engine
+    from lightning_putm.methods.putm.settings import ENGINES, SOLVERS
+    from lightning_putm.methods.putm.solvers import engine_class
+
+    assert SOLVERS == ("auto", *ENGINES) and set(ENGINES) == {"fused", "autograd", "compiled", "triton"}
+    for solver in ENGINES:
+        engine = engine_class(solver)
+        assert issubclass(engine, Engine) and not inspect.isabstract(engine), solver
+        assert engine.__name__.endswith("Engine") and solver in engine.__name__.lower(), solver
+    batch = make_tasks(tasks=2).batch
+    m = min(batch.dim, batch.num_support + batch.num_queries)
+    rows = {}
+    for solver in ("fused", "autograd", "compiled"):
+        settings = PUTMSettings(solver=solver)
+        own = engine_class(solver).bytes_per_task(batch.num_queries * batch.ways, m, settings)
+        rows[solver] = PUTM(settings, shots=1, balanced=False).bytes_per_task(batch) - own
+        assert own > 0
+    assert len(set(rows.values())) == 1  # the preprocessing's share does not depend on the engine
+    assert engine_class("autograd").bytes_per_task(375, 80, PUTMSettings()) > engine_class("fused").bytes_per_task(
+        375, 80, PUTMSettings())
 
 
 def test_auto_on_cpu_is_byte_identical_to_fused():
@@ -220,7 +241,7 @@ def test_bad_options_fail_with_the_key():
     with pytest.raises(ConfigError, match="putm.solver=compiled needs hidden widths"):
         PUTM(shots=1, balanced=False, solver="compiled", hidden=[16, 4])
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-        CompiledTrainer(navigator_for(1), PUTMSettings(hidden=(16, 8)), torch.float32, use_graph=True)
+        CompiledEngine(navigator_for(1), PUTMSettings(hidden=(16, 8)), torch.float32, use_graph=True)
 
 
 def test_a_failing_compiler_or_graph_capture_falls_back_to_the_same_eager_result(monkeypatch):
@@ -228,7 +249,7 @@ def test_a_failing_compiler_or_graph_capture_falls_back_to_the_same_eager_result
     settings = PUTMSettings(inner_steps=3, hidden=(16, 8))
     generator = torch.Generator().manual_seed(4)
     query, prototypes = torch.rand(3, 7, 12, generator=generator), torch.rand(3, 4, 12, generator=generator)
-    eager = CompiledTrainer(navigator_for(3), settings, torch.float32, compile_step=False)
+    eager = CompiledEngine(navigator_for(3), settings, torch.float32, compile_step=False)
     expected = eager.run(query, prototypes, 4)
 
     def broken_compiler(function, **kwargs):
@@ -237,12 +258,12 @@ def test_a_failing_compiler_or_graph_capture_falls_back_to_the_same_eager_result
         return compiled
 
     monkeypatch.setattr(torch, "compile", broken_compiler)
-    trainer = CompiledTrainer(navigator_for(3), settings, torch.float32, compile_step=True)
+    trainer = CompiledEngine(navigator_for(3), settings, torch.float32, compile_step=True)
     with pytest.warns(RuntimeWarning, match=r"torch.compile of the navigator step failed \(RuntimeError: inductor exploded\)"):
         got = trainer.run(query, prototypes, 4)
     assert torch.equal(got[0], expected[0]) and torch.equal(trainer.navigator.flat, eager.navigator.flat)
     # a CUDA-graph capture that fails (here: no CUDA stream on this machine) leaves the state untouched
-    graphed = CompiledTrainer(navigator_for(3), settings, torch.float32)
+    graphed = CompiledEngine(navigator_for(3), settings, torch.float32)
     graphed.use_graph = True
     with pytest.warns(RuntimeWarning, match="the CUDA graph of the E-step failed"):
         got = graphed.run(query, prototypes, 4)
@@ -257,8 +278,8 @@ def test_compiled_step_function_agrees_on_cpu():
     settings = PUTMSettings(inner_steps=3, hidden=(16, 8))
     generator = torch.Generator().manual_seed(2)
     query, prototypes = torch.rand(3, 7, 12, generator=generator), torch.rand(3, 4, 12, generator=generator)
-    eager = CompiledTrainer(navigator, settings, torch.float32, compile_step=False)
-    compiled = CompiledTrainer(navigator_for(3), settings, torch.float32, compile_step=True)
+    eager = CompiledEngine(navigator, settings, torch.float32, compile_step=False)
+    compiled = CompiledEngine(navigator_for(3), settings, torch.float32, compile_step=True)
     expected, got = eager.run(query, prototypes, 4), compiled.run(query, prototypes, 4)
     assert torch.allclose(expected[0], got[0], atol=1e-5)  # π_f after two Adam updates: the step is right
     assert torch.equal(expected[0].argmax(2), got[0].argmax(2))
@@ -291,7 +312,7 @@ def test_cuda_graph_replays_the_eager_inner_loop():
     settings = PUTMSettings(inner_steps=4, hidden=(16, 8))
     query, prototypes = torch.rand(3, 7, 12, device=device), torch.rand(3, 4, 12, device=device)
     # each navigator draws from its own generators: shared ones would give the second different weights
-    trainers = [CompiledTrainer(Navigator([12, 16, 8, 1], [torch.Generator().manual_seed(t) for t in range(3)],
+    trainers = [CompiledEngine(Navigator([12, 16, 8, 1], [torch.Generator().manual_seed(t) for t in range(3)],
                                           1000, device, torch.float32, 0.01, False),
                                 settings, torch.float32, compile_step=False, use_graph=graph)
                 for graph in (False, True)]

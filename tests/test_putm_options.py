@@ -21,7 +21,7 @@ from conftest import make_clustered_features
 from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.methods import build_method
 from lightning_putm.methods.putm import PUTM, EMStep
-from lightning_putm.methods.putm.engines import AutogradTrainer, FusedTrainer
+from lightning_putm.methods.putm.engines import AutogradEngine, FusedEngine
 from lightning_putm.methods.putm.m_step import m_step, query_weights, settled
 from lightning_putm.methods.putm.precision import matmul_precision, resolve_precision
 from lightning_putm.evaluation.settings import method_arguments
@@ -62,13 +62,13 @@ def xavier_draws(seed: int, widths: list[int], init_tasks: int, draws: int) -> l
 
 
 def layer_weights(record: EMStep, flat: torch.Tensor) -> list[torch.Tensor]:
-    navigator = record.trainer.navigator
+    navigator = record.engine.navigator
     stored, _ = navigator.views(flat)
     return [w[:, :, :o] for w, o in zip(stored, navigator.widths[1:])]
 
 
 def layer_biases(record: EMStep, flat: torch.Tensor) -> list[torch.Tensor]:
-    return record.trainer.navigator.views(flat)[1]
+    return record.engine.navigator.views(flat)[1]
 
 
 # ------------------------------------------------------------------------------------------------ settings
@@ -184,7 +184,7 @@ def test_adam_betas_and_lr_change_the_e_step():
 
 
 def adam_steps(trainer) -> int:
-    if isinstance(trainer, FusedTrainer):
+    if isinstance(trainer, FusedEngine):
         return trainer.adam.steps
     return int(max(float(state["step"]) for state in trainer.optimiser.state.values()))
 
@@ -196,7 +196,7 @@ def test_inner_steps_and_em_steps_count(solver, reinit):
     putm = PUTM(shots=1, balanced=False, **{**TINY, "em_steps": 3, "inner_steps": 4, "solver": solver,
                                             "reinit_navigator": reinit})
     seen: list[tuple[int | None, int]] = []
-    putm.em_step_hook = lambda record: seen.append((record.step, adam_steps(record.trainer)))
+    putm.em_step_hook = lambda record: seen.append((record.step, adam_steps(record.engine)))
     putm.predict(batch)
     assert [step for step, _ in seen] == [0, 1, 2, None]
     assert [count for _, count in seen] == ([4, 4, 4, 4] if reinit else [4, 8, 12, 16])
@@ -296,21 +296,21 @@ def test_inertia_on_a_hand_made_case():
 def test_reinit_navigator_draws_a_new_navigator_every_em_step(solver):
     batch = make_tasks()
     putm, records, _ = run(batch, reinit_navigator=True, em_steps=3, init_tasks=50, solver=solver)
-    widths = records[0].trainer.navigator.widths
+    widths = records[0].engine.navigator.widths
     draws = [xavier_draws(int(seed), widths, 50, 5) for seed in batch.task_seeds.tolist()]
     for k, record in enumerate(records):  # the construction uses draw 0, each EM step and the final E-step a new one
         for layer, weights in enumerate(layer_weights(record, record.navigator_before)):
             expected = torch.stack([draws[t][k + 1][layer] for t in range(batch.num_tasks)])
             assert torch.allclose(weights, expected, rtol=1e-6, atol=0), (k, layer)
         assert all(float(b.abs().max()) == 0.0 for b in layer_biases(record, record.navigator_before))
-        assert adam_steps(record.trainer) == 2  # Adam restarts with the new navigator
+        assert adam_steps(record.engine) == 2  # Adam restarts with the new navigator
 
 
 @pytest.mark.parametrize("init_tasks", [1000, 7])
 def test_without_reinit_the_navigator_carries_over_and_starts_from_the_xavier_draw(init_tasks):
     batch = make_tasks()
     putm, records, _ = run(batch, em_steps=2, init_tasks=init_tasks, hidden=[16, 8])
-    widths = records[0].trainer.navigator.widths
+    widths = records[0].engine.navigator.widths
     assert widths == [putm.last_state["rows"].shape[2], 16, 8, 1]
     first = layer_weights(records[0], records[0].navigator_before)
     for t, seed in enumerate(batch.task_seeds.tolist()):
@@ -325,7 +325,7 @@ def test_without_reinit_the_navigator_carries_over_and_starts_from_the_xavier_dr
 def test_hidden_sets_the_navigator_widths(hidden, solver):
     batch = make_tasks()
     _, records, probabilities = run(batch, hidden=hidden, solver=solver, em_steps=1)
-    navigator = records[0].trainer.navigator
+    navigator = records[0].engine.navigator
     m = batch.num_support + batch.num_queries
     assert navigator.widths == [min(batch.dim, m), *hidden, 1]
     widths = navigator.widths
@@ -359,7 +359,7 @@ def test_without_canonical_order_queries_are_solved_as_given():
 
 
 # -------------------------------------------------------------------------------------- solver, precision
-@pytest.mark.parametrize("solver,engine", [("fused", FusedTrainer), ("autograd", AutogradTrainer)])
+@pytest.mark.parametrize("solver,engine", [("fused", FusedEngine), ("autograd", AutogradEngine)])
 @pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("tf32", torch.float32),
                                              ("bf16", torch.bfloat16)])
 def test_solver_and_precision_choose_the_engine_and_its_arithmetic(solver, engine, precision, dtype):
@@ -372,7 +372,7 @@ def test_solver_and_precision_choose_the_engine_and_its_arithmetic(solver, engin
         seen: list = []
 
         def hook(record: EMStep) -> None:
-            seen.append(record.trainer)
+            seen.append(record.engine)
             inside.append(torch.get_float32_matmul_precision())
 
         putm.em_step_hook = hook
@@ -407,7 +407,7 @@ def test_tf32_is_used_on_cuda_and_auto_follows_the_hardware(monkeypatch):
         assert resolve_precision("auto", torch.device("cpu")) == expected
         putm, records, _ = run(make_tasks(tasks=1), precision="auto", em_steps=0)
         assert putm.last_precision == expected
-        assert records[0].trainer.compute_dtype == (torch.bfloat16 if native else torch.float32)
+        assert records[0].engine.compute_dtype == (torch.bfloat16 if native else torch.float32)
     assert resolve_precision("bf16", cuda) == "bf16" and resolve_precision("fp32", cuda) == "fp32"
 
 
@@ -444,7 +444,7 @@ def test_freezing_finished_tasks_is_an_engine_capability_of_the_one_em_loop(rein
     options = dict(em_steps=8, inner_steps=2, early_stop_tol=0.03, reinit_navigator=reinit, solver="fused")
     shrinking, records, expected = run(batch, **options)
     assert len({tuple(record.tasks.tolist()) for record in records}) > 1  # the batch did shrink
-    monkeypatch.setattr(FusedTrainer, "fixed_batch", True)
+    monkeypatch.setattr(FusedEngine, "fixed_batch", True)
     fixed, fixed_records, got = run(batch, **options)
     assert {tuple(record.tasks.tolist()) for record in fixed_records} == {(0, 1, 2, 3)}  # it did not
     steps = shrinking.last_state["em_steps"]

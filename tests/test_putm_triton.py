@@ -41,9 +41,9 @@ def rows(t: int, count: int, m: int, seed: int, device: str = "cpu") -> torch.Te
 def engines(t: int, m: int, compute_dtype: torch.dtype, device: str = "cpu", **options):
     """A ``fused`` and a ``triton`` engine on identical navigators (seeds 0..t-1)."""
     from lightning_putm.methods.putm import PUTMSettings
-    from lightning_putm.methods.putm.engines import FusedTrainer
+    from lightning_putm.methods.putm.engines import FusedEngine
     from lightning_putm.methods.putm.navigator import Navigator
-    from lightning_putm.methods.putm.triton_engine import TritonTrainer
+    from lightning_putm.methods.putm.triton_engine import TritonEngine
 
     settings = PUTMSettings(**options)
 
@@ -52,7 +52,16 @@ def engines(t: int, m: int, compute_dtype: torch.dtype, device: str = "cpu", **o
         return Navigator([m, *settings.hidden, 1], generators, 1000, torch.device(device), torch.float32, 0.01,
                          requires_grad=False)
 
-    return FusedTrainer(navigator(), settings, compute_dtype), TritonTrainer(navigator(), settings, compute_dtype)
+    return FusedEngine(navigator(), settings, compute_dtype), TritonEngine(navigator(), settings, compute_dtype)
+
+
+def build_putm(shots: int, balanced: bool, **options):
+    """PUTM from config options (``method.putm.*``) and the kernel's launch settings, which no config sets
+    (``triton_warps``, ``triton_stages``: given on the settings)."""
+    from lightning_putm.methods.putm import PUTM, PUTMSettings
+
+    launch = {key: options.pop(key) for key in list(options) if key.startswith("triton_")}
+    return PUTM(PUTMSettings.from_mapping(options).replace(**launch), shots=shots, balanced=balanced)
 
 
 def true_parts(navigator, flat: torch.Tensor) -> torch.Tensor:
@@ -110,10 +119,10 @@ def active_mask() -> dict[str, torch.Tensor]:
     query, prototypes = rows(3, 15, 32, 6), rows(3, 5, 32, 7)
     _, everyone = engines(3, 32, torch.float32, inner_steps=2)
     _, masked = engines(3, 32, torch.float32, inner_steps=2)
-    start = masked.snapshot()
+    start = masked.navigator.flat.clone()
     masked.keep_only(torch.tensor([True, False, True]))
     out = {"all": everyone.run(query, prototypes, 5)[0], "masked": masked.run(query, prototypes, 5)[0]}
-    out.update(all_flat=everyone.snapshot(), masked_flat=masked.snapshot(), start=start,
+    out.update(all_flat=everyone.navigator.flat.clone(), masked_flat=masked.navigator.flat.clone(), start=start,
                masked_exp_avg=masked.exp_avg.clone(), task=torch.tensor([0, 1, 2]))
     # which flat elements belong to task 1: select_tasks of an index buffer
     from lightning_putm.methods.putm.navigator import select_tasks
@@ -134,7 +143,6 @@ def putm_predictions(shots: int, options: dict, tasks: int = 3, device: str = "c
     GPU, where it picks the kernel with its hand-over probe (``auto``)."""
     from conftest import make_clustered_features
     from lightning_putm.data.episodes import sample_episode_bank
-    from lightning_putm.methods.putm import PUTM
 
     features = make_clustered_features(classes=8, per_class=50, dim=32, spread=0.35, seed=0)
     bank = sample_episode_bank(features.labels, 5, shots, 15, 2.0, tasks, 0)
@@ -143,7 +151,7 @@ def putm_predictions(shots: int, options: dict, tasks: int = 3, device: str = "c
     balanced = options.pop("balanced", False)
     out = {}
     for solver in solvers:
-        method = PUTM(shots=shots, balanced=balanced, solver=solver, **options)
+        method = build_putm(shots, balanced, solver=solver, **options)
         out[solver] = method.predict(batch)
         out[f"{solver}_em_steps"] = method.last_state["em_steps"]
     if auto:
@@ -153,13 +161,13 @@ def putm_predictions(shots: int, options: dict, tasks: int = 3, device: str = "c
         solvers.resolve_solver = lambda solver, device, precision="auto": (
             "triton" if solver == "auto" else real(solver, device, precision))
         try:
-            out["auto"] = PUTM(shots=shots, balanced=balanced, solver="auto", **options).predict(batch)
+            out["auto"] = build_putm(shots, balanced, solver="auto", **options).predict(batch)
         finally:
             solvers.resolve_solver = real
     if noise_floor:
         nudged = dataclasses.replace(batch, support=batch.support * (1 + 2**-23), query=batch.query * (1 + 2**-23))
-        out["fused_nudged"] = PUTM(shots=shots, balanced=balanced, solver="fused", **options).predict(nudged)
-        out["triton_again"] = PUTM(shots=shots, balanced=balanced, solver="triton", **options).predict(batch)
+        out["fused_nudged"] = build_putm(shots, balanced, solver="fused", **options).predict(nudged)
+        out["triton_again"] = build_putm(shots, balanced, solver="triton", **options).predict(batch)
     return out
 
 
@@ -241,7 +249,7 @@ def device_and_host_loops(shots: int, options: dict, tasks: int = 3, device: str
     rounding is :func:`test_m_step_kernel_matches_the_host_m_step`'s part."""
     from conftest import make_clustered_features
     from lightning_putm.data.episodes import sample_episode_bank
-    from lightning_putm.methods.putm import PUTM, em, triton_em, triton_engine
+    from lightning_putm.methods.putm import em, triton_em, triton_engine
 
     features = make_clustered_features(classes=8, per_class=50, dim=32, spread=0.35, seed=0)
     batch = sample_episode_bank(features.labels, 5, shots, 15, 2.0, tasks, 0).gather(features.features,
@@ -250,7 +258,7 @@ def device_and_host_loops(shots: int, options: dict, tasks: int = 3, device: str
     launches, cost_gaps = [], []
     out = {}
 
-    def costs(query: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
+    def costs(query: torch.Tensor, prototypes: torch.Tensor, chunk: int = triton_engine.COST_CHUNK) -> torch.Tensor:
         ours, theirs = kernel_pair_costs(query, prototypes, real[0]), real[1](query, prototypes)
         cost_gaps.append(((ours - theirs).abs().max() / theirs.abs().max()).item())
         return ours
@@ -259,7 +267,7 @@ def device_and_host_loops(shots: int, options: dict, tasks: int = 3, device: str
         triton_em.launch_m_step = lambda *args: launches.append(args[9]) or real[0](*args)
         triton_engine.pair_costs = costs
         for where in ("device", "host"):
-            method = PUTM(shots=shots, balanced=False, solver="triton", **options)
+            method = build_putm(shots, False, solver="triton", **options)
             if where == "host":
                 method.em_step_hook = lambda step: None
                 em.m_step = functools.partial(kernel_m_step, launch_m_step=real[0])
@@ -300,58 +308,33 @@ PUTM_CASES = {
 }
 
 
-#: The kernels of ``solver=triton`` (``KernelConfig.kernel``); every interpreter case runs on each.
-KERNELS = ("wide", "chunked")
-#: The end-to-end cases the wide kernel also runs with ``KernelConfig(scratch="lean")``
-LEAN_CASES = ("1-shot", "5-shot", "balanced (theta 0.001, rho 1)", "bf16", "early stopping", "persistent programs")
-
-
-#: The interpreter cases in two halves of about equal time (38 s and 46 s alone on the 2-core development machine),
-#: each run by its own child process: the two run at once, one per core
-PARTS = ("wide, lean scratch, M-step", "chunked")
-#: The EM loop on the device (the default kernel) in each part
-DEVICE_LOOP_CASES_BY_PART = {PARTS[0]: ("1-shot",),
-                             PARTS[1]: ("early stopping", "mixed update, support weight 2, 5-shot")}
+#: The interpreter cases in two halves of about equal CPU time (26 s and 21 s of process time on the 2-core
+#: development machine), each run by its own child process: the two run at once, one per core
+PARTS = ("E-steps, M-steps and the EM loop on the device", "PUTM end to end")
 
 
 def interpreted_cases(part: str) -> dict[str, object]:
     """The interpreter cases of one of :data:`PARTS` (run in a child, ``TRITON_INTERPRET=1``)."""
-    from lightning_putm.methods.putm import triton_engine
-
     torch.set_num_threads(1)
     results: dict[str, object] = {}
-    for kernel in KERNELS:
-        if not part.startswith(kernel):
-            continue
-        triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig(kernel=kernel)
-        results |= {
-            f"{kernel}: grad 1-shot (m=80, 75 queries)": one_step_gradients(75, 80),
-            f"{kernel}: grad 5-shot (m=100, 75 queries)": one_step_gradients(75, 100),
-            f"{kernel}: grad balanced (theta 0.001, rho 1)": one_step_gradients(15, 80, rho=1.0, theta=0.001),
-            f"{kernel}: grad theta 0.3, rho 0.7": one_step_gradients(15, 80, rho=0.7, theta=0.3),
-            f"{kernel}: grad bf16": one_step_gradients(15, 80, torch.bfloat16),
-            f"{kernel}: two E-steps": two_e_steps(),
-            f"{kernel}: active": active_mask(),
-        }
-        for name, case in PUTM_CASES.items():
-            results[f"{kernel}: putm {name}"] = putm_predictions(*case, auto=name in ("1-shot", "early stopping"))
-        # 3 persistent programs for 4 tasks: program 0 solves tasks 0 and 3 in turn
-        triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig(kernel=kernel, programs=3)
-        results[f"{kernel}: putm persistent programs"] = putm_predictions(*PUTM_CASES["early stopping"])
     if part == PARTS[0]:
-        # the wide kernel with the lean scratch (activations computed again, inputs in rows of m rounded up to 8:
-        # 24 and 40 columns here, narrower than the products' 32 and 64), on the cases the full scratch ran above
-        for name in LEAN_CASES:
-            triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig(
-                scratch="lean", programs=3 if name == "persistent programs" else None)
-            case = PUTM_CASES["early stopping" if name == "persistent programs" else name]
-            results[f"lean: putm {name}"] = putm_predictions(*case, solvers=("triton",))
+        results |= {
+            "grad 1-shot (m=80, 75 queries)": one_step_gradients(75, 80),
+            "grad 5-shot (m=100, 75 queries)": one_step_gradients(75, 100),
+            "grad balanced (theta 0.001, rho 1)": one_step_gradients(15, 80, rho=1.0, theta=0.001),
+            "grad theta 0.3, rho 0.7": one_step_gradients(15, 80, rho=0.7, theta=0.3),
+            "grad bf16": one_step_gradients(15, 80, torch.bfloat16),
+            "two E-steps": two_e_steps(),
+            "active": active_mask(),
+        }
         for update in ("forward", "backward", "mixed"):
             results[f"m-step {update}"] = m_step_on_device(update)
         results["m-step 5-shot"] = m_step_on_device("forward", shots=5)
-    triton_engine.DEFAULT_CONFIG = triton_engine.KernelConfig()
-    for name in DEVICE_LOOP_CASES_BY_PART[part]:
-        results[f"device loop {name}"] = device_and_host_loops(*DEVICE_LOOP_CASES[name])
+        for name, case in DEVICE_LOOP_CASES.items():
+            results[f"device loop {name}"] = device_and_host_loops(*case)
+    else:
+        for name, case in PUTM_CASES.items():
+            results[f"putm {name}"] = putm_predictions(*case, auto=name in ("1-shot", "early stopping"))
     return results
 
 
@@ -393,33 +376,30 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
                                             # θ = 0.3: the balance term's large constant slope cancels in the
                                             # softmax backward, so fp32 rounding weighs more (~1.5e-5 measured)
                                             ("grad theta 0.3, rho 0.7", 5e-5)])
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_one_step_gradient_matches_the_fused_engine(interpreted, kernel, case, tolerance):
+def test_one_step_gradient_matches_the_fused_engine(interpreted, case, tolerance):
     """Kills: a wrong term in the CT-loss gradient (θ cases: the balance term), a wrong LeakyReLU backward, a
     transposed weight, a tile or chunk that misses pairs or input columns (m = 80 and 100 are not multiples of the
     chunk nor powers of two; 375 pairs not a multiple of the tile), a wrong Adam first-moment update."""
-    result = interpreted[f"{kernel}: {case}"]
+    result = interpreted[case]
     assert result["fused"].abs().max() > 0
     assert relative(result["triton"], result["fused"]) < tolerance
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_bf16_products_round_like_the_fused_engine(interpreted, kernel):
+def test_bf16_products_round_like_the_fused_engine(interpreted):
     """bf16: the kernel rounds where the fused engine's bf16 products round. Kills: bf16 ignored (the gap to fp32,
     ~3%), the interpreter's truncating bf16 cast or its bf16 tl.dot (measured 5.7% off before the bit-level
     rounding)."""
-    result = interpreted[f"{kernel}: grad bf16"]
+    result = interpreted["grad bf16"]
     gap = relative(result["fused"], result["fused_fp32"])
     assert gap > 1e-2  # bf16 really changes the gradient, so the next line means something
     assert relative(result["triton"], result["fused"]) < gap / 20
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_adam_step_count_carries_across_e_steps(interpreted, kernel):
+def test_adam_step_count_carries_across_e_steps(interpreted):
     """The second E-step continues Adam's step count (bias corrections of steps 3 and 4, not 1 and 2) and returns
     π_f, π_b of its last step before the update. Kills: a schedule restarting each E-step (the ``restarted``
     engine shows that this test sees it: 2.5e-3 off, measured), π from after the update, π_f and π_b swapped."""
-    result = interpreted[f"{kernel}: two E-steps"]
+    result = interpreted["two E-steps"]
     assert result["steps"] == 4
     for step in (0, 1):
         for got, expected in zip(result[f"triton{step}"], result[f"fused{step}"]):
@@ -428,11 +408,10 @@ def test_adam_step_count_carries_across_e_steps(interpreted, kernel):
     assert restarted_error > 1e-4
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_inactive_tasks_return_at_once(interpreted, kernel):
+def test_inactive_tasks_return_at_once(interpreted):
     """A task whose ``active`` flag is 0 keeps its navigator and Adam state and its output rows; the others get
     exactly what they get with every task active. Kills: the flag ignored, a flag read for the wrong task."""
-    result = interpreted[f"{kernel}: active"]
+    result = interpreted["active"]
     one, others = result["task1_elements"], result["task02_elements"]
     assert torch.equal(result["masked_flat"][one], result["start"][one])
     assert not result["masked_exp_avg"][one].any()
@@ -442,14 +421,13 @@ def test_inactive_tasks_return_at_once(interpreted, kernel):
     assert not torch.equal(result["all_flat"][one], result["start"][one])  # task 1 does move when active
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("name", list(PUTM_CASES))
-def test_putm_predictions_match_the_fused_engine(interpreted, kernel, name):
+def test_putm_predictions_match_the_fused_engine(interpreted, name):
     """End to end (the EM loop, M-steps, final E-step): the same predictions as ``solver=fused`` within fp32
     noise (bf16: the fused engine's bf16). After a few steps the navigator's probabilities are still close to
     uniform, so the bound is relative to how far they are from it. Kills: π of the wrong step, a re-draw that keeps
     Adam's moments or step count, early stopping that drops or reruns a task (the EM step counts are compared)."""
-    result = interpreted[f"{kernel}: putm {name}"]
+    result = interpreted[f"putm {name}"]
     fused, triton = result["fused"], result["triton"]
     signal = (fused - 1 / fused.shape[2]).abs().max().item()
     assert signal > 3e-3
@@ -511,42 +489,32 @@ def test_em_loop_on_the_device_matches_the_host_loop(interpreted, case):
 
 
 # ------------------------------------------------------------------------------------------ on a GPU
-#: (kernel, precision, exact Adam, register cap, pipeline stages[, scratch]) of the CUDA test: both kernels in both
-#: precisions at their default stages (the wide kernel's loops software-pipelined in 3 stages: asynchronous copies
-#: of scratch rows the program wrote itself, which the interpreter does not have), the wide kernel's approximate
-#: Adam (the interpreter computes it exactly, so only a GPU can check it), its registers capped at 128 (spilled
-#: registers), 1 and 2 stages, and TF32 products (``precision=tf32``: not yet checked on a GPU, so ``solver=auto``
-#: keeps TF32 on the compiled engine until this case has passed there), and the lean scratch (its bf16 weight
-#: gradients are stored as bf16 only on a GPU: the interpreter's scratch is fp32)
-CUDA_CASES = [("wide", "fp32", True, None, None, "full"), ("wide", "bf16", True, None, None, "full"),
-              ("chunked", "fp32", True, None, None, "full"), ("chunked", "bf16", True, None, None, "full"),
-              ("wide", "bf16", False, None, None, "full"), ("wide", "bf16", True, 128, None, "full"),
-              ("wide", "bf16", True, None, 1, "full"), ("wide", "bf16", True, None, 2, "full"),
-              ("wide", "tf32", True, None, None, "full"), ("wide", "bf16", True, None, None, "lean"),
-              ("wide", "fp32", True, None, None, "lean")]
+#: (precision, launch settings) of the CUDA test: both precisions at the default launch (8 warps, the loops
+#: software-pipelined in 3 stages: asynchronous copies of scratch rows the program wrote itself, which the interpreter
+#: does not have), 1 and 2 stages, 4 warps (the launch the measurements leave open; its build spills registers), and
+#: TF32 products (``precision=tf32``: not yet checked on a GPU, so ``solver=auto`` keeps TF32 on the compiled engine
+#: until this case has passed there)
+CUDA_CASES = [("fp32", {}), ("bf16", {}), ("bf16", {"triton_stages": 1}), ("bf16", {"triton_stages": 2}),
+              ("bf16", {"triton_warps": 4}), ("tf32", {})]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("kernel,precision,exact_adam,max_registers,num_stages,scratch", CUDA_CASES,
-                         ids=[f"{k}-{p}{'' if e else '-fast-adam'}{f'-{r}-registers' if r else ''}"
-                              f"{f'-{n}-stages' if n else ''}{'-lean' if c == 'lean' else ''}"
-                              for k, p, e, r, n, c in CUDA_CASES])
-def test_compiled_kernel_on_cuda_matches_the_fused_engine(kernel, precision, exact_adam, max_registers, num_stages,
-                                                          scratch, monkeypatch):
+@pytest.mark.parametrize("precision,launch", CUDA_CASES,
+                         ids=[precision + "".join(f"-{value}-{key[7:]}" for key, value in launch.items())
+                              for precision, launch in CUDA_CASES])
+def test_compiled_kernel_on_cuda_matches_the_fused_engine(precision, launch):
     """The compiled kernel (not the interpreter) on the GPU, against the fused engine on the same GPU: one-step
-    gradients of 8 tasks of the real 1-shot shape (75 queries, m = 80) and a few EM steps end to end. Kills: a
-    GPU-only miscompilation or race (a missing barrier between the kernel's phases), TF32 where fp32 was asked."""
-    from lightning_putm.methods.putm import triton_engine
-
-    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(
-        kernel=kernel, exact_adam=exact_adam, max_registers=max_registers, num_stages=num_stages, scratch=scratch))
+    gradients of 8 tasks of the real 1-shot shape (75 queries, m = 80) and a few EM steps end to end, with the
+    launch settings of the case on the method's settings. Kills: a GPU-only miscompilation or race (a missing
+    barrier between the kernel's phases), TF32 where fp32 was asked."""
     from lightning_putm.methods.putm.precision import matmul_precision
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     with matmul_precision(precision, torch.device("cuda")):  # tf32: both engines' float32 products in TF32
-        gradients = one_step_gradients(75, 80, dtype, "cuda", tasks=8)
+        gradients = one_step_gradients(75, 80, dtype, "cuda", tasks=8, **launch)
     assert relative(gradients["triton"], gradients["fused"]) < (1e-4 if precision == "fp32" else 1e-2)
-    result = putm_predictions(1, {**FAST, "precision": precision}, tasks=8, device="cuda", noise_floor=True)
+    result = putm_predictions(1, {**FAST, "precision": precision, **launch}, tasks=8, device="cuda",
+                              noise_floor=True)
     fused, triton, nudged = result["fused"], result["triton"], result["fused_nudged"]
     signal = (fused - 1 / fused.shape[2]).abs().max().item()
     difference = (triton - fused).abs()
@@ -624,97 +592,15 @@ def test_triton_is_refused_with_one_line_without_cuda_or_interpreter(monkeypatch
 
 
 @pytest.mark.parametrize("case", ["1-shot", "early stopping"])
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_the_hand_over_probe_changes_nothing(interpreted, kernel, case):
+def test_the_hand_over_probe_changes_nothing(interpreted, case):
     """``solver=auto`` where it picks the kernel (an sm_90 GPU; here its choice is forced, under the interpreter)
     first launches each kernel with every task inactive, to hand over to ``compiled`` if they cannot run. On the
     real kernels that probe must change nothing: the probabilities are bit for bit those of ``solver=triton``,
     also under early stopping (the M-step kernel probed too). Kills: a probe that moves a navigator, an Adam moment,
     a prototype or a task's early-stopping state (a program that does not return at once for an inactive task), a
     probe that leaves the tasks inactive."""
-    result = interpreted[f"{kernel}: putm {case}"]
+    result = interpreted[f"putm {case}"]
     assert torch.equal(result["auto"], result["triton"])
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_persistent_programs_solve_each_task_as_its_own_program_would(interpreted, kernel):
-    """``KernelConfig(programs=3)`` for 4 tasks (``bench_putm.py --triton-programs``, gpu_check's persistent row):
-    program 0 solves task 0, then task 3 with the same scratch, under early stopping (tasks settle at different EM
-    steps, so programs meet inactive tasks in their loops). Each task's arithmetic is unchanged: the probabilities
-    are bit for bit those of one program per task. Kills: a task's inputs not rewritten into the program's scratch
-    (task 3 would be solved on task 0's), a program that stops at an inactive task instead of going on to its next,
-    a wrong stride over the tasks (a task solved twice or never)."""
-    persistent = interpreted[f"{kernel}: putm persistent programs"]
-    one_each = interpreted[f"{kernel}: putm early stopping"]
-    assert len(set(one_each["triton_em_steps"].tolist())) > 1  # tasks settled at different EM steps
-    assert torch.equal(persistent["triton"], one_each["triton"])
-    assert torch.equal(persistent["triton_em_steps"], one_each["triton_em_steps"])
-
-
-@pytest.mark.parametrize("name", LEAN_CASES)
-def test_the_lean_scratch_changes_no_result(interpreted, name):
-    """``KernelConfig(scratch="lean")`` (``bench_putm.py --triton-scratch lean``) only moves work between memory and
-    arithmetic: the backward computes ``h1`` and ``h2`` again from the same inputs and weights, the inputs are kept
-    in narrower rows. The probabilities and EM step counts are bit for bit the full scratch's, 1- and 5-shot, with
-    the balance term, in bf16, under early stopping and with persistent programs (a program's scratch reused for
-    a second task). Kills: a recomputed layer that uses another bias or skips its LeakyReLU or its bf16 rounding,
-    an input row read with the full scratch's stride or without its mask (columns from m on are then not zero),
-    activations read from a scratch the lean kernel never wrote."""
-    lean = interpreted[f"lean: putm {name}"]
-    full = interpreted[f"wide: putm {'early stopping' if name == 'persistent programs' else name}"]
-    assert torch.equal(lean["triton"], full["triton"])
-    assert torch.equal(lean["triton_em_steps"], full["triton_em_steps"])
-
-
-@pytest.mark.parametrize("m,columns", [(80, 80), (100, 104), (64, 64)])
-def test_the_lean_scratch_is_smaller_and_holds_no_activations(m, columns):
-    """What ``scratch="lean"`` allocates per program (bf16, 1 shot: 75 queries, 384 padded pairs): the inputs in
-    rows of m rounded up to 8 columns (16-byte rows) instead of the products' power of two, no activations, and
-    the weight gradients in bf16: 322,560 -> 101,378 bytes per program at m = 80 (with one program per task, 2.2
-    GB less scratch at T = 10,000). The kernel is told the row width it was allocated with. Kills: ``lean`` not reaching
-    the allocation or the kernel's ``LEAN``, a row width that differs between the two (rows would overlap or run
-    past the buffer), the chunked kernel (no lean variant) given the lean scratch."""
-    pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
-    from lightning_putm.methods.putm import triton_engine
-
-    sizes = {}
-    for scratch in ("full", "lean"):
-        _, trainer = engines(2, m, torch.bfloat16)
-        trainer.config = triton_engine.KernelConfig(scratch=scratch)
-        name, _, constants, _ = trainer.kernel_arguments(rows(2, 75, m, 1), rows(2, 5, m, 2), torch.zeros(2, 75, 5))
-        buffers = {key: value for key, value in trainer._scratch.items() if key != "shape"}
-        sizes[scratch] = sum(b.numel() * b.element_size() for b in buffers.values()) // 2
-        assert name == "wide" and constants["LEAN"] == (scratch == "lean")
-        assert constants["X0_COLS"] == buffers["x0"].shape[2] == (columns if scratch == "lean" else
-                                                                   constants["K_PAD"])
-        assert buffers["x0"].shape[:2] == (2, 384)
-        if scratch == "lean":
-            assert buffers["h1"].numel() == buffers["h2"].numel() == 1
-            assert buffers["dw"].dtype == torch.bfloat16 and buffers["x0"].dtype == torch.bfloat16
-        else:
-            assert buffers["h1"].shape == (2, 384, 128) and buffers["dw"].dtype == torch.float32
-    if m == 80:
-        logits = 384 * 4 * 2  # the logits and their gradients, fp32 in both
-        assert sizes["full"] == 384 * (128 + 128 + 64) * 2 + logits + (80 * 128 + 128 * 64) * 4
-        assert sizes["lean"] == 384 * 80 * 2 + logits + (80 * 128 + 128 * 64) * 2 + 2  # 2: the stand-ins, halved
-    _, trainer = engines(2, m, torch.bfloat16)
-    trainer.config = triton_engine.KernelConfig(kernel="chunked", scratch="lean")
-    name, _, constants, _ = trainer.kernel_arguments(rows(2, 75, m, 1), rows(2, 5, m, 2), torch.zeros(2, 75, 5))
-    assert name == "chunked" and "LEAN" not in constants and "x0" not in trainer._scratch
-
-
-@pytest.mark.parametrize("programs,grid", [(None, 4), (3, 3), (1, 1), (10, 4)])
-def test_a_launch_has_the_configured_number_of_programs(monkeypatch, programs, grid):
-    """The launch grid is ``KernelConfig.programs`` (at most one program per task), one per task by default.
-    Kills: the setting ignored (then the persistent-programs test above would compare one program per task with
-    itself)."""
-    from lightning_putm.methods.putm import triton_engine
-    from lightning_putm.methods.putm.step import pair_inputs
-
-    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(programs=programs))
-    _, trainer = engines(4, 20, torch.float32, inner_steps=2)
-    query, prototypes = rows(4, 15, 20, 1), rows(4, 5, 20, 2)
-    assert trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])[3] == (grid,)
 
 
 @pytest.mark.parametrize("capability,installed,expected", [((9, 0), True, "triton"), ((9, 0), False, "compiled"),
@@ -772,10 +658,14 @@ class BrokenKernel:
 
 
 class NoOpKernel(BrokenKernel):
-    """A kernel launch that builds and returns (every task inactive: nothing to do)."""
+    """A kernel launch that builds and returns (every task inactive: nothing to do); it records the grid and the
+    launch options too."""
 
     def __getitem__(self, grid):
-        return lambda *arguments, **options: self.launches.append(arguments[self.active_argument].clone())
+        def launch(*arguments, **options):
+            self.launches.append(arguments[self.active_argument].clone())
+            self.options = (grid, {key: options[key] for key in ("num_warps", "num_stages")})
+        return launch
 
 
 @pytest.mark.parametrize("path", ["E-steps", "whole EM loop, E-step kernel", "whole EM loop, M-step kernel"])
@@ -787,16 +677,16 @@ def test_an_auto_chosen_kernel_that_cannot_run_hands_over_to_compiled_before_any
     default ran), a probe with the tasks active (a half-run state handed over), the tasks still to solve not
     handed to the compiled engine, a fallback for an explicit ``solver=triton``, a notice per chunk."""
     from lightning_putm.methods.putm import triton_em, triton_engine
-    from lightning_putm.methods.putm.compiled import CompiledTrainer
-    from lightning_putm.methods.putm.triton_engine import TritonTrainer
+    from lightning_putm.methods.putm.compiled import CompiledEngine
+    from lightning_putm.methods.putm.triton_engine import TritonEngine
 
     monkeypatch.setattr(triton_engine, "_NOTICED", set())
     e_step = (NoOpKernel if path.endswith("M-step kernel") else BrokenKernel)(6)  # arguments[6]: active
     m_step = BrokenKernel(6)
-    monkeypatch.setattr(triton_engine, "kernel_function", lambda name: e_step)
+    monkeypatch.setattr(triton_engine, "e_step_kernel", lambda: e_step)
     monkeypatch.setattr(triton_em, "m_step_kernel", m_step)
     fused, auto = engines(3, 12, torch.float32, inner_steps=2)  # identical navigators
-    auto.fall_back_on_error = True  # as make_trainer builds it for solver=auto
+    auto.fall_back_on_error = True  # as make_engine builds it for solver=auto
     query, prototypes = rows(3, 7, 12, 8), rows(3, 5, 12, 9)
     live = torch.tensor([True, False, True])
 
@@ -813,10 +703,10 @@ def test_an_auto_chosen_kernel_that_cannot_run_hands_over_to_compiled_before_any
         got = solve(auto)
     launched = e_step.launches + m_step.launches
     assert launched and all(not bool(active.any()) for active in launched)  # only ever with every task inactive
-    assert isinstance(auto.delegate, CompiledTrainer) and auto.steps == 0
+    assert isinstance(auto.delegate, CompiledEngine) and auto.steps == 0
     assert torch.equal(auto.active, live.to(torch.int8))
     if path == "E-steps":
-        expected = CompiledTrainer(fused.navigator, fused.settings, torch.float32)
+        expected = CompiledEngine(fused.navigator, fused.settings, torch.float32)
         expected.keep_only(live)
         want = expected.run(query, prototypes, 5)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
@@ -825,9 +715,9 @@ def test_an_auto_chosen_kernel_that_cannot_run_hands_over_to_compiled_before_any
         assert torch.equal(auto.navigator.flat, before)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # one notice per process and error
-        second = TritonTrainer(auto.navigator, fused.settings, torch.float32, fall_back_on_error=True)
+        second = TritonEngine(auto.navigator, fused.settings, torch.float32, fall_back_on_error=True)
         solve(second)
-    explicit = TritonTrainer(auto.navigator, fused.settings, torch.float32)
+    explicit = TritonEngine(auto.navigator, fused.settings, torch.float32)
     with pytest.raises(RuntimeError, match="PTX JIT compilation failed"):
         solve(explicit)
 
@@ -839,7 +729,7 @@ def test_after_a_probe_that_passes_the_kernel_solves_the_live_tasks(monkeypatch)
     from lightning_putm.methods.putm import triton_engine
 
     e_step = NoOpKernel(6)
-    monkeypatch.setattr(triton_engine, "kernel_function", lambda name: e_step)
+    monkeypatch.setattr(triton_engine, "e_step_kernel", lambda: e_step)
     _, auto = engines(3, 12, torch.float32, inner_steps=2)
     auto.fall_back_on_error = True
     live = torch.tensor([True, False, True])
@@ -851,18 +741,45 @@ def test_after_a_probe_that_passes_the_kernel_solves_the_live_tasks(monkeypatch)
     assert [a.tolist() for a in e_step.launches] == [[0, 0, 0], [1, 0, 1], [1, 0, 1]]
 
 
+@pytest.mark.parametrize("launch,expected", [({}, (8, 3)), ({"triton_warps": 4, "triton_stages": 2}, (4, 2))])
+def test_the_launch_settings_reach_every_launch(monkeypatch, launch, expected):
+    """The kernel's launch settings come from the method's settings (``triton_warps``, ``triton_stages``; no module
+    global): the defaults are the measured fastest, 8 warps and 3 stages, and a settings object's values are what
+    the launch gets; the grid is one program per task. Kills: settings that never reach the launch (the benchmark's
+    sweep would time the default under another row's name), a launch that hard-codes its warps or stages."""
+    pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
+    from lightning_putm.methods.putm import triton_engine
+
+    e_step = NoOpKernel(6)
+    monkeypatch.setattr(triton_engine, "e_step_kernel", lambda: e_step)
+    _, engine = engines(3, 12, torch.float32, inner_steps=2, **launch)
+    engine.run(rows(3, 7, 12, 8), rows(3, 5, 12, 9), 5)
+    assert e_step.options == ((3,), dict(zip(("num_warps", "num_stages"), expected)))
+
+
+def test_launch_settings_out_of_range_are_refused_with_one_line():
+    """Kills: a warp count Triton cannot launch (not a power of two) or zero pipeline stages accepted, to fail
+    later inside triton with a traceback."""
+    from lightning_putm.methods.putm import PUTMSettings
+
+    for bad, words in (({"triton_warps": 6}, "triton_warps must be a power of two, got 6"),
+                       ({"triton_stages": 0}, "triton_stages must be an integer >= 1, got 0")):
+        with pytest.raises(ConfigError, match=words):
+            PUTMSettings(**bad)
+
+
 @pytest.mark.parametrize("asked,falls_back", [("auto", True), ("triton", False)])
 def test_only_a_kernel_auto_chose_may_hand_over_on_an_error(monkeypatch, asked, falls_back):
-    """make_trainer builds the kernel's engine with the hand-over of the test above only when ``auto`` chose it.
+    """make_engine builds the kernel's engine with the hand-over of the test above only when ``auto`` chose it.
     Kills: the hand-over never enabled (auto's default path would crash), or enabled for ``solver=triton``
     (the error a user asked to see hidden behind the compiled engine)."""
     from lightning_putm.methods.putm import PUTMSettings, solvers
-    from lightning_putm.methods.putm.triton_engine import TritonTrainer
+    from lightning_putm.methods.putm.triton_engine import TritonEngine
 
     monkeypatch.setattr(solvers, "resolve_solver", lambda solver, device, precision: "triton")  # as on an H100
     fused, _ = engines(2, 12, torch.float32)
-    trainer = solvers.make_trainer(fused.navigator, PUTMSettings(solver=asked), torch.float32)
-    assert isinstance(trainer, TritonTrainer) and trainer.fall_back_on_error is falls_back
+    engine = solvers.make_engine(fused.navigator, PUTMSettings(solver=asked), torch.float32)
+    assert isinstance(engine, TritonEngine) and engine.fall_back_on_error is falls_back
 
 
 def test_unsupported_shape_falls_back_to_compiled_with_one_notice(monkeypatch):
@@ -870,54 +787,51 @@ def test_unsupported_shape_falls_back_to_compiled_with_one_notice(monkeypatch):
     chunks. Kills: no fallback (the kernel cannot take the shape), a notice per chunk, a fallback with other
     results than ``compiled``'s."""
     from lightning_putm.methods.putm import triton_engine
-    from lightning_putm.methods.putm.compiled import CompiledTrainer
+    from lightning_putm.methods.putm.compiled import CompiledEngine
 
     monkeypatch.setattr(triton_engine, "_NOTICED", set())
     fused_like, first = engines(2, 12, torch.float32, hidden=(24, 16), inner_steps=2)
-    compiled = CompiledTrainer(fused_like.navigator, fused_like.settings, torch.float32)
+    compiled = CompiledEngine(fused_like.navigator, fused_like.settings, torch.float32)
     query, prototypes = rows(2, 7, 12, 8), rows(2, 5, 12, 9)
     with pytest.warns(RuntimeWarning, match="does not handle hidden widths") as notices:
         got = first.run(query, prototypes, 5)
         _, second = engines(2, 12, torch.float32, hidden=(24, 16), inner_steps=2)
         second.run(query, prototypes, 5)
     assert len([n for n in notices if "solver=triton" in str(n.message)]) == 1
-    assert isinstance(first.delegate, CompiledTrainer)
+    assert isinstance(first.delegate, CompiledEngine)
     expected = compiled.run(query, prototypes, 5)
     assert all(torch.equal(a, b) for a, b in zip(got, expected))
 
 
-def test_wide_kernel_hands_larger_shapes_to_the_chunked_kernel():
-    """The wide kernel accumulates ∂W1 in registers, so a basis wider than 128 columns (or a hidden layer wider
-    than 128) runs the chunked kernel; within the limits the wide one runs, with its padded width. Kills: the
-    wide kernel launched on a shape whose accumulators cannot fit, the chunked kernel run where wide was asked, an
-    unknown kernel name accepted."""
+def test_shapes_beyond_the_kernel_fall_back_to_compiled():
+    """The kernel accumulates ∂W1 and ∂W2 in registers, so it takes bases of at most 128 columns and hidden widths
+    of at most 128; beyond them the ``compiled`` engine runs (the chunked kernel that used to take them was no
+    faster than ``compiled``, docs/lab/gpu-kernel.md). Within the limits it runs, its products as wide as the basis
+    padded to a power of two. Kills: the kernel launched on a shape whose accumulators cannot fit, a limit that
+    refuses the paper's shapes (m = 80 and 100, hidden 128 and 64)."""
+    pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
     from lightning_putm.methods.putm.step import pair_inputs
-    from lightning_putm.methods.putm.triton_engine import KernelConfig, kernel_for
+    from lightning_putm.methods.putm.triton_engine import unsupported_reason
 
-    assert kernel_for(KernelConfig(), 80, (128, 64)) == "wide"
-    assert kernel_for(KernelConfig(), 129, (128, 64)) == "chunked"
-    assert kernel_for(KernelConfig(), 80, (256, 64)) == "chunked"
-    assert kernel_for(KernelConfig(kernel="chunked"), 80, (128, 64)) == "chunked"
-    with pytest.raises(ValueError, match="KernelConfig.kernel='tiled'"):
-        KernelConfig(kernel="tiled")
-    for m, expected in ((100, 128), (200, None)):
-        _, trainer = engines(1, m, torch.float32)
-        query, prototypes = rows(1, 15, m, 1), rows(1, 5, m, 2)
-        name, _, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
-        assert constants.get("K_PAD") == expected
-        assert name == ("wide" if expected else "chunked")
+    assert unsupported_reason(5, 75, 80, [128, 64], torch.float32) is None
+    assert unsupported_reason(5, 75, 128, [128, 128], torch.float32) is None
+    assert "basis width 129 (at most 128)" in unsupported_reason(5, 75, 129, [128, 64], torch.float32)
+    assert "hidden widths [256, 64]" in unsupported_reason(5, 75, 80, [256, 64], torch.float32)
+    _, engine = engines(1, 100, torch.float32)
+    query, prototypes = rows(1, 15, 100, 1), rows(1, 5, 100, 2)
+    _, constants, _ = engine.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
+    assert constants["K_PAD"] == 128
 
 
-def test_pair_costs_by_chunks_equal_the_fused_engines(monkeypatch):
+def test_pair_costs_by_chunks_equal_the_fused_engines():
     """The kernel's costs, computed a few tasks at a time so that the squared differences of all tasks never exist
     at once, are bit for bit those of :func:`pair_inputs` on the whole batch. Kills: a chunk dropped or repeated,
     chunks concatenated in the wrong order, another summation."""
     from lightning_putm.methods.putm import triton_engine
     from lightning_putm.methods.putm.step import pair_inputs
 
-    monkeypatch.setattr(triton_engine, "COST_CHUNK", 2)
     query, prototypes = rows(5, 15, 80, 3), rows(5, 5, 80, 4)
-    assert torch.equal(triton_engine.pair_costs(query, prototypes), pair_inputs(query, prototypes)[1])
+    assert torch.equal(triton_engine.pair_costs(query, prototypes, chunk=2), pair_inputs(query, prototypes)[1])
 
 
 def need_h100_binder() -> None:
@@ -950,33 +864,29 @@ def h100_binding(kernel, arguments: list, constants: dict, respect_do_not_specia
     return binder(*arguments, **constants)[1]
 
 
-def h100_specialization(trainer, query, prototypes, respect_do_not_specialize: bool = True) -> list:
+def h100_specialization(engine, query, prototypes, respect_do_not_specialize: bool = True) -> list:
     """:func:`h100_binding` of the E-step kernel the engine launches for these tasks."""
     from lightning_putm.methods.putm.step import pair_inputs
-    from lightning_putm.methods.putm.triton_engine import kernel_function
+    from lightning_putm.methods.putm.triton_engine import e_step_kernel
 
-    name, arguments, constants, _ = trainer.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
-    return h100_binding(kernel_function(name), arguments, constants, respect_do_not_specialize)
+    arguments, constants, _ = engine.kernel_arguments(query, prototypes, pair_inputs(query, prototypes)[1])
+    return h100_binding(e_step_kernel(), arguments, constants, respect_do_not_specialize)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_one_compiled_kernel_serves_every_task_count_and_step(kernel, monkeypatch):
+def test_one_compiled_kernel_serves_every_task_count_and_step():
     """A one-task warm-up, a 48-task chunk and an E-step that starts at Adam step 240 bind to the same compiled
     kernel. Kills: the kernel's ``do_not_specialize`` list dropped: Triton then compiles separate kernels for a
     task count of 1 and for counts and step numbers divisible by 16 — on the first H100 run that put a compilation
     of seconds inside timed runs (tile sweeps at 16–22 tasks/s where the steady state was about 350) and in the
     middle of a user's EM loop (E-step 9 starts at step 240)."""
     need_h100_binder()
-    from lightning_putm.methods.putm import triton_engine
-
-    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig(kernel=kernel))
     keys = {}
     for tasks, first_step in ((1, 0), (48, 240), (7, 30)):
-        _, trainer = engines(tasks, 80, torch.bfloat16, inner_steps=30)
-        trainer.steps = first_step
+        _, engine = engines(tasks, 80, torch.bfloat16, inner_steps=30)
+        engine.steps = first_step
         query, prototypes = rows(tasks, 75, 80, 1), rows(tasks, 5, 80, 2)
-        keys[tasks] = (h100_specialization(trainer, query, prototypes),
-                       h100_specialization(trainer, query, prototypes, respect_do_not_specialize=False))
+        keys[tasks] = (h100_specialization(engine, query, prototypes),
+                       h100_specialization(engine, query, prototypes, respect_do_not_specialize=False))
     assert keys[1][0] == keys[48][0] == keys[7][0]
     assert keys[1][1] != keys[48][1]  # without the list the warm-up and the chunk would compile separately
 
@@ -1004,12 +914,17 @@ def test_one_compiled_m_step_kernel_serves_every_em_step():
 
 #: sm_90 (H100) limits: 227 KB of shared memory per block, 255 registers per thread; spills allowed per config.
 SM90_SHARED_BYTES = 227 * 1024
-#: (kernel, name, queries, m, precision, most spill-store bytes per thread); measured (triton 3.8, the build the
-#: launcher specializes; each kernel's default stages): at most 124 bytes in bf16 (the fast path), 836 (chunked) and
-#: 868 (wide, 3 stages) in fp32, whose products run on CUDA cores with their operands in registers
-SM90_CONFIGS = [(kernel, *config) for kernel in KERNELS
-                for config in (("1-shot bf16", 75, 80, 2, 256), ("5-shot bf16", 75, 100, 2, 256),
-                               ("1-shot fp32", 75, 80, 0, 1024))]
+#: (name, queries, m, precision, most spill-store bytes per thread); measured (triton 3.8, the build the launcher
+#: specializes, the default launch): at most 124 bytes in bf16 (the fast path), 868 in fp32, whose products run on
+#: CUDA cores with their operands in registers
+SM90_CONFIGS = [("1-shot bf16", 75, 80, 2, 256), ("5-shot bf16", 75, 100, 2, 256), ("1-shot fp32", 75, 80, 0, 1024)]
+
+
+def resources():
+    """``tools/triton_resources.py`` as a module (a development tool, not part of the package)."""
+    from helpers.benchmarks import tool_module
+
+    return tool_module("triton_resources")
 
 
 def need_sm90_tool(name: str) -> str:
@@ -1018,44 +933,21 @@ def need_sm90_tool(name: str) -> str:
     pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         pytest.skip("TRITON_INTERPRET is set in this process: the kernels were built for the interpreter")
-    from lightning_putm.methods.putm.triton_resources import shipped_tool
-
-    path = shipped_tool(name)
+    path = resources().shipped_tool(name)
     if path is None:
         pytest.skip(f"no {name} (neither in the triton wheel nor on PATH): cannot compile for sm_90 here")
     return path
 
 
-@pytest.mark.parametrize("kernel,name,queries,m,precision,max_spills", SM90_CONFIGS,
-                         ids=[f"{c[0]}-{c[1]}" for c in SM90_CONFIGS])
-def test_kernel_fits_an_h100(kernel, name, queries, m, precision, max_spills):
-    """The engine's default tiles compile for sm_90 (no GPU needed) within the H100's shared memory and with few
-    spilled bytes (ptxas -v), for both kernels. Kills: a default tile that needs more shared memory than an H100
-    has (pair tiles of 128 need 305 KB), a change that makes the kernel spill heavily (W2's Adam update in one
-    piece instead of 16 rows at a time: 432 bytes in bf16; fp32 pair tiles of 32: 1804 bytes)."""
+@pytest.mark.parametrize("name,queries,m,precision,max_spills", SM90_CONFIGS, ids=[c[0] for c in SM90_CONFIGS])
+def test_kernel_fits_an_h100(name, queries, m, precision, max_spills):
+    """The engine's default launch compiles for sm_90 (no GPU needed) within the H100's shared memory and with few
+    spilled bytes (ptxas -v). Kills: a default tile that needs more shared memory than an H100 has (pair tiles of
+    128 need 271 KB with 3 stages), a change that makes the kernel spill heavily (fp32 pair tiles of 32: 1804
+    bytes)."""
     ptxas = need_sm90_tool("ptxas")
-    from lightning_putm.methods.putm.triton_engine import DEFAULT_CONFIG
-    from lightning_putm.methods.putm.triton_resources import sm90_resources
-
-    usage = sm90_resources(queries=queries, ways=5, m=m, precision=precision, ptxas=ptxas, kernel=kernel,
-                           block_p=DEFAULT_CONFIG.pair_tile(precision), block_k=DEFAULT_CONFIG.block_k,
-                           num_warps=DEFAULT_CONFIG.num_warps, num_stages=DEFAULT_CONFIG.stages(kernel))
+    usage = resources().sm90_resources(queries=queries, ways=5, m=m, precision=precision, ptxas=ptxas)
     assert usage["registers"] <= 255
-    assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
-    assert usage["spill_store_bytes"] <= max_spills, usage
-
-
-@pytest.mark.parametrize("m,max_spills", [(80, 512), (100, 512)])
-def test_the_lean_scratch_fits_an_h100(m, max_spills):
-    """``KernelConfig(scratch="lean")`` at the default tiles, 1 and 5 shots in bf16, compiles for sm_90 within the
-    H100's shared memory, with few spilled bytes (measured with triton 3.8: 224 and 272 bytes per thread, against
-    124 and 112 for the full scratch: the recomputed layers hold more in flight). Kills: a lean build that does not
-    compile for the GPU or spills kilobytes (the recomputation outside the tile loop, say)."""
-    ptxas = need_sm90_tool("ptxas")
-    from lightning_putm.methods.putm.triton_resources import sm90_resources
-
-    usage = sm90_resources(m=m, ptxas=ptxas, kernel="wide", block_p=32, num_warps=8, num_stages=None,
-                           scratch="lean")
     assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
     assert usage["spill_store_bytes"] <= max_spills, usage
 
@@ -1066,9 +958,8 @@ def test_m_step_kernel_fits_an_h100(shots, m):
     registers (measured: 100-128 registers, 4 KB of shared memory, triton 3.6 and 3.8). Kills: a kernel that does
     not compile for the GPU (the interpreter accepts code that sm_90 does not), one that spills."""
     ptxas = need_sm90_tool("ptxas")
-    from lightning_putm.methods.putm.triton_resources import compile_m_step_sm90, ptxas_usage
-
-    usage = ptxas_usage(compile_m_step_sm90(shots=shots, m=m), ptxas)
+    tool = resources()
+    usage = tool.ptxas_usage(tool.compile_m_step_sm90(shots=shots, m=m), ptxas)
     assert usage["registers"] <= 255 and usage["spill_store_bytes"] == 0, usage
     assert usage["shared_bytes"] <= SM90_SHARED_BYTES, usage
 
@@ -1082,53 +973,27 @@ def test_tasks_too_large_for_one_m_step_program_run_the_host_loop():
 
     assert m_step_fits(5 + 75, 80) and m_step_fits(25 + 75, 100)
     assert not m_step_fits(50 + 150, 200)
-    _, trainer = engines(2, 200, torch.float32)
+    _, engine = engines(2, 200, torch.float32)
     rows_ = rows(2, 200, 200, 1)
     one_hot = torch.eye(10).repeat(2, 5, 1)
-    assert trainer.whole_em_loop(rows_, one_hot, rows(2, 10, 200, 2), 10) is None
-    assert trainer.steps == 0
-
-
-def test_register_cap_reaches_the_sm90_build():
-    """``KernelConfig.max_registers`` is what the engine launches with (``launch_options``) and what the sm_90 build
-    gets: at most 128 registers, the rest spilled. Kills: a cap that never reaches the compiler (255 registers)."""
-    ptxas = need_sm90_tool("ptxas")
-    from lightning_putm.methods.putm.triton_engine import KernelConfig
-    from lightning_putm.methods.putm.triton_resources import sm90_resources
-
-    assert KernelConfig(max_registers=128).launch_options("wide") == {"num_warps": 8, "num_stages": 3,
-                                                                      "maxnreg": 128}
-    assert "maxnreg" not in KernelConfig().launch_options("wide")
-    capped = sm90_resources(kernel="wide", max_registers=128, ptxas=ptxas)
-    assert capped["registers"] <= 128 < sm90_resources(kernel="wide", ptxas=ptxas)["registers"], capped
-    assert capped["spill_store_bytes"] > 0, capped
+    assert engine.whole_em_loop(rows_, one_hot, rows(2, 10, 200, 2), 10) is None
+    assert engine.steps == 0
 
 
 def test_pipeline_stages_reach_the_sm90_build():
-    """``KernelConfig.num_stages`` is what the engine launches with and what the sm_90 build gets: with 2 stages
-    the loops over pair tiles copy the next tile's scratch rows into shared memory (asynchronous copies: more
-    shared memory, fewer global load instructions per Adam step). Kills: stages that never reach the compiler (the
-    same build as 1 stage), a launch that still hard-codes 1 stage, a stage count of 0 accepted, a default that is
-    not each kernel's own (3 for the wide kernel, the H100 sweep's fastest; 1 for the chunked kernel, measured only
-    so)."""
+    """``triton_stages`` is what the sm_90 build gets: with 2 stages the loops over pair tiles copy the next tile's
+    scratch rows into shared memory (asynchronous copies: more shared memory, fewer global load instructions per
+    Adam step). Kills: stages that never reach the compiler (the same build as 1 stage)."""
     nvdisasm = need_sm90_tool("nvdisasm")
-    from lightning_putm.methods.putm.triton_engine import KernelConfig
-    from lightning_putm.methods.putm.triton_resources import compile_sm90, sm90_instruction_estimate
-
-    assert KernelConfig(num_stages=2).launch_options("wide") == {"num_warps": 8, "num_stages": 2}
-    assert KernelConfig(num_stages=2).launch_options("chunked")["num_stages"] == 2
-    assert KernelConfig().launch_options("wide")["num_stages"] == 3
-    assert KernelConfig().launch_options("chunked")["num_stages"] == 1
-    with pytest.raises(ValueError, match="num_stages=0"):
-        KernelConfig(num_stages=0)
-    one, _ = compile_sm90(kernel="wide", num_stages=1)
-    two, _ = compile_sm90(kernel="wide", num_stages=2)
+    tool = resources()
+    one, _ = tool.compile_sm90(num_stages=1)
+    two, _ = tool.compile_sm90(num_stages=2)
     assert "async_copy_global_to_local" not in one.asm["ttgir"]
     assert "async_copy_global_to_local" in two.asm["ttgir"]
     assert two.metadata.shared > one.metadata.shared
     # measured: 416 -> 301 global loads and stores per warp (triton 3.8), 420 -> 314 (3.6)
-    assert (sm90_instruction_estimate(kernel="wide", num_stages=2, nvdisasm=nvdisasm)["global memory"]
-            < 0.8 * sm90_instruction_estimate(kernel="wide", num_stages=1, nvdisasm=nvdisasm)["global memory"])
+    assert (tool.sm90_instruction_estimate(num_stages=2, nvdisasm=nvdisasm)["global memory"]
+            < 0.8 * tool.sm90_instruction_estimate(num_stages=1, nvdisasm=nvdisasm)["global memory"])
 
 
 def test_benchmark_warm_up_compiles_what_the_timed_run_launches():
@@ -1147,99 +1012,79 @@ def test_benchmark_warm_up_compiles_what_the_timed_run_launches():
                                                                                           "cholesky")
 
 
-def test_benchmark_flags_set_the_kernel_configuration(monkeypatch):
-    """``bench_putm.py --triton-*`` flags become the engine's :class:`KernelConfig` (how gpu_check.sh's sweep picks
-    each row), unset ones keep the default. Kills: a flag parsed but never applied (the sweep would time the
-    default kernel under another row's name)."""
+def as_on_a_gpu(monkeypatch) -> None:
+    """``solver=triton`` accepted as on a CUDA machine (the benchmark builds its PUTM, which checks that first)."""
+    from lightning_putm.methods.putm import triton_support
+
+    monkeypatch.setattr(triton_support, "unavailable_reason", lambda device: None)
+
+
+def test_benchmark_flags_set_the_launch_settings(monkeypatch):
+    """``bench_putm.py --triton-*`` flags become the method's launch settings (how gpu_check.sh's sweep picks each
+    row), unset ones keep the defaults. Kills: a flag parsed but never applied (the sweep would time the default
+    launch under another row's name)."""
     from helpers.benchmarks import benchmark_module
-    from lightning_putm.methods.putm import triton_engine
 
+    as_on_a_gpu(monkeypatch)
     bench = benchmark_module("bench_putm")
-    monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig())
-    bench.use_triton_config(bench.parse_args(["--solver", "triton", "--triton-warps", "4", "--triton-adam", "fast",
-                                              "--triton-max-registers", "128", "--triton-stages", "2"]))
-    assert triton_engine.DEFAULT_CONFIG == triton_engine.KernelConfig(num_warps=4, exact_adam=False,
-                                                                      max_registers=128, num_stages=2)
+    args = bench.parse_args(["--solver", "triton", "--triton-warps", "4", "--triton-stages", "2"])
+    settings = bench.build_solver(args, bench.solver_options(args)).settings
+    assert (settings.triton_warps, settings.triton_stages) == (4, 2)
+    args = bench.parse_args(["--solver", "triton", "--triton-stages", "1"])
+    settings = bench.build_solver(args, bench.solver_options(args)).settings
+    assert (settings.triton_warps, settings.triton_stages, settings.solver) == (8, 1, "triton")
 
 
-def test_every_gpu_check_sweep_row_is_a_distinct_kernel_configuration(monkeypatch):
-    """Each configuration gpu_check.sh times (step 2's default and the rows of its sweep, step 4) becomes, through
-    its ``variant_args`` and bench_putm.py's flags, the :class:`KernelConfig` its fields name; the default row is
-    ``KernelConfig()``, and no two rows time the same configuration. Kills: a field passed to the wrong flag or not
-    at all (a row would time another configuration under its name), a flag the benchmark does not know (the lent
-    GPU's minutes lost to an argparse error), a stale default row, a duplicated row."""
+def test_every_gpu_check_sweep_row_is_a_distinct_launch(monkeypatch):
+    """Each launch gpu_check.sh times (step 2's default and the rows of its sweep, step 4) becomes, through its
+    ``variant_args`` and bench_putm.py's flags, the launch settings its fields name; the default row is the
+    settings' defaults, and no two rows time the same launch. Kills: a field passed to the wrong flag or not at all
+    (a row would time another launch under its name), a flag the benchmark does not know (the lent GPU's minutes
+    lost to an argparse error), a stale default row, a duplicated row."""
     import re
 
     from helpers.benchmarks import benchmark_module
-    from lightning_putm.methods.putm import triton_engine
+    from lightning_putm.methods.putm import PUTMSettings
 
+    as_on_a_gpu(monkeypatch)
     bench = benchmark_module("bench_putm")
     script = (ROOT / "benchmarks" / "gpu_check.sh").read_text()
     rows = re.findall(r'"([^"]+)"', re.search(r"for VARIANT in (.*?); do", script, re.S).group(1))
-    assert len(rows) >= 10 and "chunked - 16 8 exact - 1 -" in rows
+    assert len(rows) >= 4
     default = re.search(r'^DEFAULT_VARIANT="([^"]+)"$', script, re.M).group(1)
-    assert default.replace(" exact ", " fast ") in rows  # the approximate-Adam row the combined row is decided by
-    assert int(re.search(r"^BF16_TILE=(\d+)$", script, re.M).group(1)) == triton_engine.KernelConfig().pair_tile(2)
-    assert int(re.search(r"^WIDE_STAGES=(\d+)$", script, re.M).group(1)) == triton_engine.DEFAULT_STAGES["wide"]
     body = re.search(r"^variant_args\(\) \{\n(.*?)\n\}", script, re.S | re.M).group(1).replace("\\\n", " ")
     names = re.search(r"read -r (.*?) <<<", body).group(1).split()
     flags = dict(re.findall(r'(--triton-[a-z-]+) "\$([a-z_]+)"', body))
-    assert set(flags) == set(benchmark_module("triton_flags").TRITON_FLAGS) - {"--triton-programs"}, flags
-    configs = set()
+    assert set(flags) == set(benchmark_module("triton_flags").TRITON_FLAGS), flags
+    launches = set()
     for row in [default, *rows]:
         fields = dict(zip(names, row.split(), strict=True))
-        argv = ["--solver", "triton"] + [part for flag, name in flags.items() if fields[name] != "-"
-                                         for part in (flag, fields[name])]  # "-": the default, no flag
-        monkeypatch.setattr(triton_engine, "DEFAULT_CONFIG", triton_engine.KernelConfig())
-        bench.use_triton_config(bench.parse_args(argv))
-        config = triton_engine.DEFAULT_CONFIG
-        assert (config.kernel, config.block_p, config.block_k, config.num_warps, config.exact_adam,
-                config.max_registers, config.num_stages, config.scratch) == (
-            fields["kernel"], None if fields["block_p"] == "-" else int(fields["block_p"]), int(fields["block_k"]),
-            int(fields["warps"]),
-            fields["adam"] == "exact", None if fields["cap"] == "-" else int(fields["cap"]),
-            None if fields["stages"] == "-" else int(fields["stages"]), "full" if fields["scratch"] == "-" else
-            fields["scratch"])
-        assert (config == triton_engine.KernelConfig()) == (row is default)
-        configs.add(dataclasses.replace(config, num_stages=config.stages(config.kernel)))  # "-" and 3: the same
-    assert len(configs) == 1 + len(rows)
+        argv = ["--solver", "triton"] + [part for flag, name in flags.items() for part in (flag, fields[name])]
+        args = bench.parse_args(argv)
+        settings = bench.build_solver(args, bench.solver_options(args)).settings
+        assert (settings.triton_warps, settings.triton_stages) == (int(fields["warps"]), int(fields["stages"]))
+        launch = (settings.triton_warps, settings.triton_stages)
+        assert (launch == (PUTMSettings().triton_warps, PUTMSettings().triton_stages)) == (row is default)
+        launches.add(launch)
+    assert len(launches) == 1 + len(rows)
 
 
-#: What Nsight Compute counted on an H100 (2026-11-27, docs/gpu.md) for one launch of the chunked kernel at its
-#: default tiles (bf16, 1 shot, 8 warps): 1 task, 2 Adam steps; warp instructions executed, all warps.
-NCU_CHUNKED = {"total": 511_080 / 2, "tensor core": 14_592 / 2, "barriers": 18_432 / 2, "global memory": 16_000 / 2}
-#: What Nsight Compute counted on an H100 (2026-11-27, second run, docs/gpu.md) for one steady-state E-step launch
-#: of the wide kernel at 1 pipeline stage (bf16, 1 shot, 8 warps, 1000 tasks of 30 Adam steps): 3,156,784,074 warp
-#: instructions, per Adam step of one task (the E-step's one-off work, writing the inputs, included)
-NCU_WIDE_TOTAL = 3_156_784_074 / (1000 * 30)
+#: What Nsight Compute counted on an H100 (2026-11-27, second run, docs/lab/gpu-kernel.md) for one steady-state
+#: E-step launch of the kernel at 1 pipeline stage (bf16, 1 shot, 8 warps, 1000 tasks of 30 Adam steps):
+#: 3,156,784,074 warp instructions, per Adam step of one task (the E-step's one-off work, writing the inputs,
+#: included)
+NCU_TOTAL = 3_156_784_074 / (1000 * 30)
 
 
 def test_instruction_estimate_agrees_with_the_h100_profile():
     """The CPU estimate of the warp instructions per Adam step (sm_90 machine code weighted by loop trip counts)
-    against the H100's own count for the chunked kernel: within 10% in all and in global loads and stores,
-    tensor-core instructions exact, barriers within 15%. Measured with triton 3.8 (this suite's): −8%, −1%, exact,
-    +14%; with triton 3.6 (the build that was profiled): −2%, −0.1%, exact, exact. And the wide kernel, built to
-    need fewer instructions and barriers, does: 2.2x and 4.0x fewer (3.6: 2.4x, 3.8x); and its estimate is within 10%
-    of the H100's count at full load (+0.1% with triton 3.8, −1.2% with 3.6). Kills: trip counts ignored
-    or applied twice, the E-step's one-off code counted per Adam step (a task loop taken for the step loop), a build
-    that does not specialize on aligned pointers as the launcher does (4x the global loads and stores), the wide
-    kernel back to per-tile weight conversions or to reducing the sums of w3's and b2's gradients across warps
-    every tile (1.9x, 2.5x)."""
+    against the H100's own count at full load, for the build that was profiled (1 pipeline stage): within 10%
+    (+0.1% with triton 3.8, −1.2% with 3.6). Kills: trip counts ignored or applied twice, the E-step's one-off
+    code counted per Adam step (a task loop taken for the step loop), the two loops over pair tiles matched to
+    the wrong source loop (12 tiles counted once)."""
     nvdisasm = need_sm90_tool("nvdisasm")
-    from lightning_putm.methods.putm.triton_resources import sm90_instruction_estimate
-
-    chunked = sm90_instruction_estimate(kernel="chunked", nvdisasm=nvdisasm)
-    warps = chunked["total"] // chunked["per warp"]
-    assert abs(chunked["total"] / NCU_CHUNKED["total"] - 1) < 0.10, chunked
-    assert abs(chunked["global memory"] * warps / NCU_CHUNKED["global memory"] - 1) < 0.10, chunked
-    assert chunked["tensor core"] * warps == NCU_CHUNKED["tensor core"], chunked
-    assert abs(chunked["barriers"] * warps / NCU_CHUNKED["barriers"] - 1) < 0.15, chunked
-    wide = sm90_instruction_estimate(kernel="wide", num_stages=1, nvdisasm=nvdisasm)
-    assert wide["total"] < chunked["total"] / 2, (wide, chunked)
-    assert wide["barriers"] < chunked["barriers"] / 3, (wide, chunked)
-    # the wide kernel, 1 stage, as profiled at full load (1000 tasks): estimated 105,128 (triton 3.8) and 103,976
-    # (3.6) against 105,226 counted
-    assert abs(wide["total"] / NCU_WIDE_TOTAL - 1) < 0.10, wide
+    estimate = resources().sm90_instruction_estimate(num_stages=1, nvdisasm=nvdisasm)
+    assert abs(estimate["total"] / NCU_TOTAL - 1) < 0.10, estimate
 
 
 def test_the_instruction_breakdown_adds_up_to_the_estimate_and_finds_the_hot_statements():
@@ -1248,12 +1093,10 @@ def test_the_instruction_breakdown_adds_up_to_the_estimate_and_finds_the_hot_sta
     triton 3.8). Kills: instructions lost or counted twice in the per-line sum, a line taken from an inlined
     helper instead of the kernel's own call site (the rows then name helper lines, not the kernel's)."""
     nvdisasm = need_sm90_tool("nvdisasm")
-    from lightning_putm.methods.putm.triton_resources import (OPCODE_GROUPS, sm90_instruction_breakdown,
-                                                               sm90_instruction_estimate)
-
-    estimate = sm90_instruction_estimate(kernel="wide", nvdisasm=nvdisasm)
-    rows = sm90_instruction_breakdown(nvdisasm=nvdisasm)
-    for key in ["per warp", *OPCODE_GROUPS, "integer and control"]:
+    tool = resources()
+    estimate = tool.sm90_instruction_estimate(nvdisasm=nvdisasm)
+    rows = tool.sm90_instruction_breakdown(nvdisasm=nvdisasm)
+    for key in ["per warp", *tool.OPCODE_GROUPS, "integer and control"]:
         assert sum(row[key] for row in rows) == estimate[key], key
     top = {str(row["code"]).split("(")[0].split("=")[-1].strip() for row in rows[:2]}
     assert top == {"_forward_tile", "_backward_tile"}, rows[:3]
@@ -1264,7 +1107,7 @@ def test_instruction_estimate_refuses_a_kernel_whose_step_loop_it_cannot_find():
     """Machine code whose loops it cannot match to the kernel's (here: every line attributed elsewhere, as a triton
     whose line tables omit inlining can do) gives an error, not a number. Kills: a silent estimate of a few
     thousand instructions (what triton 3.6 gave for two configurations before the check)."""
-    from lightning_putm.methods.putm.triton_resources import count_adam_step
+    count_adam_step = resources().count_adam_step
 
     sass = """
 .L_x_0:
@@ -1282,7 +1125,7 @@ def test_instruction_estimate_leaves_out_the_slow_path_of_a_correctly_rounded_op
     path's range (zero, denormals, huge exponents), which Adam's values do not reach: the instructions that set up
     that call are skipped on every pass and are not counted. Kills: counting them (they made exact Adam look 16%
     dearer than the approximate one instead of 10%)."""
-    from lightning_putm.methods.putm.triton_resources import count_adam_step
+    count_adam_step = resources().count_adam_step
 
     sass = """
 .L_x_0:
@@ -1307,7 +1150,7 @@ def test_instruction_estimate_refuses_an_unmatched_loop_inside_the_adam_step():
     """A machine-code loop inside the Adam-step loop that no source loop claims (its lines attributed elsewhere)
     gives an error: counted once, it would undercount. Kills: the silent estimate triton 3.6 gave for 4-warp
     programs with 128 registers (half the tensor-core instructions of the triton 3.8 build)."""
-    from lightning_putm.methods.putm.triton_resources import count_adam_step
+    count_adam_step = resources().count_adam_step
 
     sass = """
 .L_x_0:
@@ -1333,7 +1176,7 @@ def test_instruction_estimate_matches_lines_of_a_kernel_cached_from_another_chec
     """Triton caches compiled kernels by source, not path: machine code compiled in one checkout names that
     checkout's file. The estimate matches it by the package-relative tail of the path, and still ignores lines of
     another file. Kills: comparing absolute paths (CI failed so, its cache holding a kernel built elsewhere)."""
-    from lightning_putm.methods.putm.triton_resources import count_adam_step
+    count_adam_step = resources().count_adam_step
 
     def sass(path: str) -> str:
         return f"""
@@ -1344,12 +1187,12 @@ def test_instruction_estimate_matches_lines_of_a_kernel_cached_from_another_chec
         /*0020*/              @P0 BRA `(.L_x_0) ;
         /*0030*/                   EXIT ;
 """
-    here = ("/ci/clone/lightning_putm/methods/putm/triton_kernels.py", 1, 50)
+    here = ("/ci/clone/lightning_putm/methods/putm/triton_wide.py", 1, 50)
     loops = [(10, 40, "task"), (25, 35, "step")]
-    counts = count_adam_step(sass("/elsewhere/lightning_putm/methods/putm/triton_kernels.py"), loops, here)
+    counts = count_adam_step(sass("/elsewhere/lightning_putm/methods/putm/triton_wide.py"), loops, here)
     assert counts == {"FADD": 1, "HMMA": 1, "BRA": 1}
     with pytest.raises(RuntimeError, match="could not find the loop over Adam steps"):
-        count_adam_step(sass("/elsewhere/lightning_putm/methods/putm/triton_wide.py"), loops, here)
+        count_adam_step(sass("/elsewhere/lightning_putm/methods/putm/triton_ops.py"), loops, here)
 
 
 if __name__ == "__main__":  # the child process: TRITON_INTERPRET=1 is set by the fixture

@@ -80,10 +80,10 @@ def send_and_wait(signum: int) -> None:
 
 def signal_after_e_steps(count: int, signum: int, after: AfterTheSignal) -> None:
     """Send ``signum`` right after the ``count``-th finished E-step of PUTM's fused engine, in any thread."""
-    from lightning_putm.methods.putm.engines import FusedTrainer
+    from lightning_putm.methods.putm.engines import FusedEngine
     from lightning_putm.signals import stop_requested
 
-    original, finished = FusedTrainer.run, [0]
+    original, finished = FusedEngine.run, [0]
 
     def run(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
@@ -96,7 +96,7 @@ def signal_after_e_steps(count: int, signum: int, after: AfterTheSignal) -> None
             send_and_wait(signum)
         return result
 
-    FusedTrainer.run = run
+    FusedEngine.run = run
 
 
 def signal_at_extraction_batch(index: int, signum: int, after: AfterTheSignal) -> None:

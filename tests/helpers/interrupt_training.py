@@ -43,7 +43,7 @@ import torch
 import lightning_putm.pretraining.checkpoints as checkpoints
 from helpers.cli import script_main
 from lightning_putm.cli import run_cli
-from lightning_putm.methods.putm.engines import FusedTrainer
+from lightning_putm.methods.putm.engines import FusedEngine
 from lightning_putm.pretraining.module import S2M2Module
 from lightning_putm.signals import stop_requested
 
@@ -135,13 +135,13 @@ class Injection:
             injection.fire("in-test")
             return test_step(module, batch, batch_idx)
 
-        validation_start, e_step = S2M2Module.on_validation_epoch_start, FusedTrainer.run
+        validation_start, e_step = S2M2Module.on_validation_epoch_start, FusedEngine.run
 
         def on_validation_epoch_start(module: S2M2Module) -> None:
             injection.validating_epoch = -1 if module.trainer.sanity_checking else module.current_epoch
             validation_start(module)
 
-        def run(engine: FusedTrainer, *args: Any, **kwargs: Any) -> Any:
+        def run(engine: FusedEngine, *args: Any, **kwargs: Any) -> Any:
             result = e_step(engine, *args, **kwargs)
             if stop_requested():
                 injection.e_steps_after += 1
@@ -154,7 +154,7 @@ class Injection:
         checkpoints.AtomicCheckpointIO.save_checkpoint = chosen_save
         torch.save, os.fsync, os.replace = save, fsync, replace
         S2M2Module.training_step, S2M2Module.test_step, S2M2Module.validation_step = step, test, validate
-        S2M2Module.on_validation_epoch_start, FusedTrainer.run = on_validation_epoch_start, run
+        S2M2Module.on_validation_epoch_start, FusedEngine.run = on_validation_epoch_start, run
 
 
 def run_child(command: dict[str, Any]) -> None:

@@ -8,7 +8,7 @@ captured in a CUDA graph or compiled well, and this engine removes each:
   kernel over the one flat buffer of all navigators.
 * the fused engine writes through ``out=`` into preallocated buffers: here the same step function
   (:func:`.step.navigator_step`) runs without buffers, where it is pure, so ``torch.compile`` can fuse it.
-* early stopping shrinks the batch: this engine has a fixed batch (:attr:`CompiledTrainer.fixed_batch`), so
+* early stopping shrinks the batch: this engine has a fixed batch (:attr:`CompiledEngine.fixed_batch`), so
   the EM loop (:mod:`.em`) freezes finished tasks instead and every E-step has the same shapes.
 
 On CUDA the ``inner_steps`` Adam steps of an E-step are captured once in a CUDA graph and replayed (static
@@ -25,14 +25,14 @@ from typing import Callable
 import torch
 
 from lightning_putm.methods.putm.adam import StackedAdam
-from lightning_putm.methods.putm.engines import Engine
+from lightning_putm.methods.putm.engines import Engine, FusedEngine
 from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.methods.putm.settings import PUTMSettings
 from lightning_putm.methods.putm.step import navigator_step, pair_inputs
 from lightning_putm.signals import check_stop
 
 
-class CompiledTrainer(Engine):
+class CompiledEngine(Engine):
     """The E-step's ``inner_steps`` Adam steps as :func:`navigator_step` + device-side Adam (``solver=compiled``).
 
     ``compile_step``: ``torch.compile`` the step function (``None``: only on CUDA). ``use_graph``: capture the
@@ -46,7 +46,7 @@ class CompiledTrainer(Engine):
     def __init__(self, navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype,
                  compile_step: bool | None = None,
                  use_graph: bool | None = None) -> None:
-        self.navigator, self.settings, self.compute_dtype = navigator, settings, compute_dtype
+        super().__init__(navigator, settings, compute_dtype)
         device = navigator.flat.device
         self.adam = StackedAdam(navigator.flat, settings.lr, settings.adam_betas, on_device=True)
         on_cuda = device.type == "cuda"
@@ -59,6 +59,12 @@ class CompiledTrainer(Engine):
         self._graph: torch.cuda.CUDAGraph | None = None
         self._static: dict[str, torch.Tensor] = {}
         self._runs_seen: set[tuple] = set()
+
+    @classmethod
+    def bytes_per_task(cls, pairs: int, m: int, settings: PUTMSettings) -> int:
+        """The ``fused`` engine's buffers: the same step function, its intermediates allocated instead of
+        preallocated."""
+        return FusedEngine.bytes_per_task(pairs, m, settings)
 
     def reinit(self, generators: list[torch.Generator]) -> None:
         """A new navigator (Algorithm 1) and fresh Adam state, in place (the CUDA graph stays valid)."""

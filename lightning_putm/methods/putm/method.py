@@ -19,7 +19,7 @@ from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.methods.putm.plumbing import ChunkedSolver
 from lightning_putm.methods.putm.precision import compute_dtype, resolve_precision
 from lightning_putm.methods.putm.settings import PUTMSettings
-from lightning_putm.methods.putm.solvers import make_trainer
+from lightning_putm.methods.putm.solvers import make_engine
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 
 
@@ -69,7 +69,7 @@ class PUTM(ChunkedSolver):
         seeds = tasks.task_seeds.to(x.device) if s.init_draw == "device" else None
         navigator = Navigator([x.shape[2], *s.hidden, 1], generators, s.init_tasks, x.device, x.dtype,
                               s.negative_slope, requires_grad=s.solver == "autograd", seeds=seeds)
-        engine = make_trainer(navigator, s, compute_dtype(resolve_precision(s.precision, x.device)))
+        engine = make_engine(navigator, s, compute_dtype(resolve_precision(s.precision, x.device)))
         bar = self.show_progress and self.cpu_workers(x.device) <= 1  # worker threads: no bar per part
         progress = partial(tqdm, desc=f"putm EM ({len(x)} tasks)", leave=False, disable=None) if bar else iter
         forward, final_prototypes, em_steps = em_loop(engine, x, one_hot, prototypes, generators, tasks.ways, s,

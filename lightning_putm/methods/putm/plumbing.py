@@ -11,11 +11,10 @@ from typing import Callable
 import torch
 
 from lightning_putm.methods.base import FewShotMethod
-from lightning_putm.methods.putm.navigator import GEMM_MIN_WIDTH, Navigator
 from lightning_putm.methods.putm.precision import matmul_precision, resolve_precision
 from lightning_putm.methods.putm.query_order import canonical_query_order, sort_queries, unsort_rows
 from lightning_putm.methods.putm.settings import PUTMSettings
-from lightning_putm.methods.putm.solvers import resolve_solver
+from lightning_putm.methods.putm.solvers import engine_class, resolve_solver
 from lightning_putm.methods.putm.workers import (CPU_MAX_CHUNK_TASKS, solve_in_threads, split_among_workers,
                                                  worker_count)
 from lightning_putm.tasks import TaskBatch
@@ -36,20 +35,13 @@ class ChunkedSolver(FewShotMethod):
 
     # ----------------------------------------------------------------------------------------------- sizes
     def bytes_per_task(self, tasks: TaskBatch) -> int:
+        """One task's rows through the preprocessing (features, basis, coordinates) and its E-step engine's working
+        memory (:meth:`.engines.Engine.bytes_per_task` of the solver that will run)."""
         n = tasks.num_support + tasks.num_queries
         m = min(tasks.dim, n)
-        pairs = tasks.num_queries * tasks.ways
-        hidden = sum(self.settings.hidden)
-        if resolve_solver(self.settings.solver, tasks.support.device, self.settings.precision) in (
-                "fused", "compiled", "triton"):
-            # squared differences, activations and their gradients, padded output + its gradient, and the
-            # CT head; flat parameters, gradients and two Adam moments (+ the Adam denominator)
-            params = Navigator.numel([m, *self.settings.hidden, 1], 1)
-            floats = pairs * (m + 2 * hidden + 2 * GEMM_MIN_WIDTH + 16) + n * (tasks.dim + 2 * m) + 5 * params
-        else:
-            # squared differences + per-layer activations saved for backward and their gradients
-            floats = pairs * (2 * m + 5 * hidden + 8) + n * (tasks.dim + 2 * m)
-        return 4 * floats
+        solver = resolve_solver(self.settings.solver, tasks.support.device, self.settings.precision)
+        engine = engine_class(solver).bytes_per_task(tasks.num_queries * tasks.ways, m, self.settings)
+        return 4 * n * (tasks.dim + 2 * m) + engine
 
     def chunk_size(self, tasks: TaskBatch) -> int:
         """Tasks per chunk: the memory budget's, capped at ``max_chunk_tasks`` (default on CPU:

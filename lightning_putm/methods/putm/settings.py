@@ -23,7 +23,13 @@ GEMM_MIN_WIDTH = 8
 #: ``precision``: the navigator products' arithmetic (:mod:`.precision`).
 PRECISIONS = ("auto", "fp32", "tf32", "bf16")
 PROTOTYPE_UPDATES = ("forward", "backward", "mixed")
-SOLVERS = ("auto", "compiled", "fused", "autograd", "triton")
+#: The E-step engines, by ``solver`` value: ``"<module>.<class>"`` in ``lightning_putm.methods.putm``, imported on
+#: first use (:func:`.solvers.engine_class`). A new engine is a module holding an :class:`.engines.Engine` subclass
+#: and one line here (docs/design.md, "The engine layer").
+ENGINES = {"compiled": "compiled.CompiledEngine", "fused": "engines.FusedEngine",
+           "autograd": "engines.AutogradEngine", "triton": "triton_engine.TritonEngine"}
+#: ``solver``: ``auto`` (chosen by device, :func:`.solvers.resolve_solver`) or an engine of :data:`ENGINES`.
+SOLVERS = ("auto", *ENGINES)
 INIT_DRAWS = ("cpu", "device")
 BASES = ("auto", "qr", "cholesky")
 
@@ -74,6 +80,18 @@ class PUTMSettings(MethodOptions):
                                      help="CPU threads solving parts of a chunk concurrently")
     basis: str = option("auto", choices=BASES,
                         help="per-task frame of the rows: auto = cholesky on CUDA, qr elsewhere | qr | cholesky")
+    # solver=triton's launch settings: not config keys (benchmarks/bench_putm.py --triton-* and the tests set them
+    # on a PUTMSettings); the defaults are the measured fastest, docs/lab/gpu-kernel.md
+    triton_warps: int = option(8, low=1, high=32, config=False,
+                               help="solver=triton: warps per kernel program (a power of two)")
+    triton_stages: int = option(3, low=1, config=False,
+                                help="solver=triton: software-pipelining stages of the kernel's loops over pair tiles "
+                                     "(1: none)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.triton_warps & (self.triton_warps - 1):
+            raise ConfigError(f"{self.key('triton_warps')} must be a power of two, got {self.triton_warps}")
 
     def resolve(self, *, shots: int | None, balanced: bool | None) -> PUTMSettings:
         """``rho``/``theta``/``inertia`` of ``None`` take the reference's value for the setting (balanced or

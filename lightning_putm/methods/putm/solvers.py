@@ -4,14 +4,17 @@ the paper."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from typing import TYPE_CHECKING
 
 import torch
 
 from lightning_putm.errors import ConfigError
-from lightning_putm.methods.putm.compiled import CompiledTrainer
-from lightning_putm.methods.putm.engines import AutogradTrainer, Engine, FusedTrainer
 from lightning_putm.methods.putm.navigator import Navigator
-from lightning_putm.methods.putm.settings import PUTMSettings
+from lightning_putm.methods.putm.settings import ENGINES, PUTMSettings
+
+if TYPE_CHECKING:
+    from lightning_putm.methods.putm.engines import Engine
 
 
 #: CUDA compute capabilities (major) on which ``auto`` picks ``triton``: those a GPU run has shown faster than
@@ -54,16 +57,16 @@ def cuda_major(device: torch.device) -> int | None:
         return None
 
 
-def make_trainer(navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype) -> Engine:
+def engine_class(solver: str) -> type[Engine]:
+    """The engine class of a resolved ``solver`` (not ``auto``: :func:`resolve_solver` first), from
+    :data:`.settings.ENGINES`; its module is imported here, on first use (the ``triton`` engine's imports triton)."""
+    module, name = ENGINES[solver].rsplit(".", 1)
+    return getattr(importlib.import_module(f"lightning_putm.methods.putm.{module}"), name)
+
+
+def make_engine(navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype) -> Engine:
     """The E-step engine chosen by ``settings.solver`` (``auto`` resolved for the navigator's device)."""
     chosen = settings.solver
     settings = dataclasses.replace(settings, solver=resolve_solver(settings.solver, navigator.flat.device,
                                                                    settings.precision))
-    if settings.solver == "compiled":
-        return CompiledTrainer(navigator, settings, compute_dtype)
-    if settings.solver == "triton":
-        from lightning_putm.methods.putm.triton_engine import TritonTrainer  # imports triton on first use
-
-        return TritonTrainer(navigator, settings, compute_dtype, fall_back_on_error=chosen == "auto")
-    trainer_class = FusedTrainer if settings.solver == "fused" else AutogradTrainer
-    return trainer_class(navigator, settings, compute_dtype)
+    return engine_class(settings.solver).build(navigator, settings, compute_dtype, chosen_by_auto=chosen == "auto")

@@ -1,8 +1,8 @@
 """The whole CT-EM loop on the device for ``solver=triton``: the M-step as a Triton kernel. Not part of the paper.
 
-:meth:`.triton_engine.TritonTrainer.whole_em_loop` runs Algorithm 1's loop (paper §3: ``em_steps`` E-steps each
+:meth:`.triton_engine.TritonEngine.whole_em_loop` runs Algorithm 1's loop (paper §3: ``em_steps`` E-steps each
 followed by an M-step, then the final E-step) as a sequence of kernel launches that never wait for the host: the
-E-step kernel (:mod:`.triton_wide`, :mod:`.triton_kernels`), then :func:`m_step_kernel`, which for each task
+E-step kernel (:mod:`.triton_wide`), then :func:`m_step_kernel`, which for each task
 
 - forms the query weights from the navigator (π_f, π_b or their ρ-mixture: ``prototype_update``,
   :func:`.m_step.query_weights`), the weighted class means of the support and query rows
@@ -22,7 +22,7 @@ otherwise :func:`.em.em_loop` drives the engine E-step by E-step as before.
 
 Why a kernel of its own and not the M-step inside the E-step kernel: fusing them would save one launch per EM step
 (microseconds, against an E-step of tens of milliseconds for thousands of tasks) and change the E-step kernel's
-machine code, whose instruction estimate is checked against an H100 profile (:mod:`.triton_resources`).
+machine code, whose instruction estimate is checked against an H100 profile (``tools/triton_resources.py``).
 """
 
 from __future__ import annotations

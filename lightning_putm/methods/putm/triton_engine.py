@@ -1,30 +1,29 @@
 """The ``triton`` E-step engine: one fused Triton kernel per E-step (``solver=triton``). Not part of the paper.
 
-:class:`TritonTrainer` runs the whole E-step of Algorithm 1 (``inner_steps`` Adam steps of every task's
-navigator on the CT loss) as one launch of a fused kernel (:class:`KernelConfig`: the wide kernel of
-:mod:`.triton_wide` by default, or the chunked one of :mod:`.triton_kernels`): one program per task (or per
-group of tasks, :class:`KernelConfig`), the navigator forward, the CT-loss gradient and the backward written by
-hand, and Adam's update, with the weights and Adam moments in the navigator's flat buffers. It computes what the
-``fused`` engine computes (:mod:`.engines`): the same loss gradient, the same Adam formula with the same bias
-corrections, the step count carried across E-steps (reset by a re-draw), and ``(π_f, π_b)`` of the last Adam step
-before its update; in fp32 it agrees with it to float rounding (the sums run in another order).
+:class:`TritonEngine` runs the whole E-step of Algorithm 1 (``inner_steps`` Adam steps of every task's
+navigator on the CT loss) as one launch of the fused kernel of :mod:`.triton_wide`: one program per task, the
+navigator forward, the CT-loss gradient and the backward written by hand, and Adam's update, with the weights and
+Adam moments in the navigator's flat buffers. It computes what the ``fused`` engine computes (:mod:`.engines`): the
+same loss gradient, the same Adam formula with the same bias corrections, the step count carried across E-steps
+(reset by a re-draw), and ``(π_f, π_b)`` of the last Adam step before its update; in fp32 it agrees with it to
+float rounding (the sums run in another order).
 
-The batch is fixed (:attr:`TritonTrainer.fixed_batch`, like ``compiled``): the EM loop tells the engine which
-tasks still need a result (:meth:`TritonTrainer.keep_only`) and the kernel's program for any other task returns
+The batch is fixed (:attr:`TritonEngine.fixed_batch`, like ``compiled``): the EM loop tells the engine which
+tasks still need a result (:meth:`TritonEngine.keep_only`) and the kernel's program for any other task returns
 at once (its ``active`` flag), so a settled task costs nothing and the shapes never change. Unless the host is
 needed between E-steps, the engine runs the whole EM loop itself, on the device, with an M-step kernel
-(:meth:`TritonTrainer.whole_em_loop`, :mod:`.triton_em`).
+(:meth:`TritonEngine.whole_em_loop`, :mod:`.triton_em`).
 
 Where it runs: on CUDA devices, and on CPU tensors under Triton's interpreter (``TRITON_INTERPRET=1`` set before
 the first use; slow, for tests). Anywhere else ``solver=triton`` is refused with one line
 (:func:`.triton_support.unavailable_reason`). A shape the kernel does not handle (:func:`unsupported_reason`)
-falls back to the ``compiled`` engine with one notice. ``solver=auto`` picks this engine on sm_90 GPUs: on an H100
-it was accurate to the noise floor and 2.6x as fast as ``compiled`` (docs/gpu.md, :mod:`.solvers`).
+falls back to the ``compiled`` engine with one notice. ``solver=auto`` picks this engine on sm_90 GPUs, where it was
+measured accurate to the noise floor and faster than ``compiled`` (docs/gpu.md, :mod:`.solvers`). Its launch
+settings, ``triton_warps`` and ``triton_stages``, are :class:`.settings.PUTMSettings` fields that no config sets.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import warnings
 from types import ModuleType
@@ -33,105 +32,17 @@ from typing import Callable, Iterable
 import torch
 
 from lightning_putm.methods.putm.adam import ADAM_EPS
-from lightning_putm.methods.putm.engines import Engine
+from lightning_putm.methods.putm.engines import Engine, FusedEngine
 from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.methods.putm.settings import PUTMSettings
 from lightning_putm.methods.putm.step import pair_inputs
 
-#: Largest sizes the kernel is built for (the CT head holds a [Q, N] block in registers; hidden widths are tiles).
-MAX_WAYS, MAX_HEAD, MAX_HIDDEN, MAX_DIM = 64, 16384, 256, 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class KernelConfig:
-    """Which kernel runs and its tile sizes.
-
-    ``kernel``: ``"wide"`` (:func:`.triton_wide.e_step_kernel_wide`: the inputs written once per E-step, every
-    product over the whole basis width, one backward pass) or ``"chunked"`` (:func:`.triton_kernels.e_step_kernel`,
-    the first design, measured on an H100 in docs/gpu.md: products over ``block_k`` input columns at a time). The
-    wide kernel holds ``∂W1`` in registers, so it serves bases of at most :data:`WIDE_MAX_DIM` columns and hidden
-    widths of at most :data:`WIDE_MAX_HIDDEN`; beyond them the chunked kernel runs. ``block_p``: pairs per tile
-    (``None``: 32 in bf16, 16 in fp32/TF32, whose fp32 tiles spill less on sm_90, docs/gpu.md); ``block_k``: input
-    columns per chunk (chunked kernel only); ``num_warps``: warps per program; ``programs``: programs per launch
-    (``None``: one per task; fewer make each program solve several tasks in turn and shrink the scratch to that
-    many tasks); ``exact_adam``: Adam's square root and divisions correctly rounded like torch's (``False``: the
-    GPU's approximate instructions, within 2 ulp, wide kernel only); ``max_registers``: a cap on registers per
-    thread (Triton's ``maxnreg``; ``None``: as many as the compiler wants, 255 for the default tiles, so one 8-warp
-    program per SM; 128 lets two share an SM, at the price of spilled registers, docs/gpu.md); ``num_stages``:
-    Triton's software pipelining of the loops over pair tiles (1: none; 2 or 3: the next tiles' scratch rows are
-    copied into shared memory asynchronously while the current tile is multiplied, which hides the latency of those
-    loads when few warps share an SM, at the price of more instructions and shared memory; ``None``:
-    :data:`DEFAULT_STAGES` of the kernel that runs, 3 for the wide kernel, the fastest of the H100 sweep, and 1
-    for the chunked kernel, measured only so; docs/gpu.md); ``scratch``: what the wide kernel keeps per program in
-    global memory between the phases of an Adam step (:data:`SCRATCHES`): ``"full"``, the inputs in rows of
-    ``K_PAD`` columns, both hidden layers' activations and fp32 weight gradients; ``"lean"``, the inputs in rows of
-    ``m`` columns and the weight gradients in the compute dtype, the activations computed again in the backward:
-    more tensor-core work, less memory traffic, and a working set that fits an H100's L2 cache (docs/gpu.md). Both
-    give the same results. ``benchmarks/bench_putm.py --triton-*`` sets them on a GPU."""
-
-    kernel: str = "wide"
-    block_p: int | None = None
-    block_k: int = 16
-    num_warps: int = 8
-    programs: int | None = None
-    exact_adam: bool = True
-    max_registers: int | None = None
-    num_stages: int | None = None
-    scratch: str = "full"
-
-    def __post_init__(self) -> None:
-        if self.kernel not in KERNELS:
-            raise ValueError(f"KernelConfig.kernel={self.kernel!r}: one of {', '.join(KERNELS)}")
-        if self.scratch not in SCRATCHES:
-            raise ValueError(f"KernelConfig.scratch={self.scratch!r}: one of {', '.join(SCRATCHES)}")
-        if self.num_stages is not None and self.num_stages < 1:
-            raise ValueError(f"KernelConfig.num_stages={self.num_stages}: at least 1 (1: no software pipelining)")
-
-    def stages(self, kernel: str) -> int:
-        """``num_stages`` for the kernel that runs (:func:`kernel_for`): the setting, or that kernel's default."""
-        return DEFAULT_STAGES[kernel] if self.num_stages is None else self.num_stages
-
-    def launch_options(self, kernel: str) -> dict[str, int]:
-        """A launch's options besides its arguments, for the kernel that runs: warps, pipeline stages, the register
-        cap if any."""
-        options = {"num_warps": self.num_warps, "num_stages": self.stages(kernel)}
-        if self.max_registers is not None:
-            options["maxnreg"] = self.max_registers
-        return options
-
-    def pair_tile(self, precision: int) -> int:
-        """``block_p`` for a kernel ``PRECISION`` (:mod:`.triton_kernels`: 2 = bf16)."""
-        if self.block_p is not None:
-            return self.block_p
-        return 32 if precision == 2 else 16
-
-
-#: The kernels :class:`KernelConfig` can name.
-KERNELS = ("wide", "chunked")
-#: Each kernel's pipeline stages when :attr:`KernelConfig.num_stages` is ``None``: the wide kernel's fastest row of
-#: the H100 sweep (measured: docs/lab/gpu-kernel.md, "Measured on the H100: the wide kernel"); the
-#: chunked kernel was timed with 1 stage only.
-DEFAULT_STAGES = {"wide": 3, "chunked": 1}
-#: What :attr:`KernelConfig.scratch` can name (``"lean"``: the wide kernel's ``LEAN``).
-SCRATCHES = ("full", "lean")
-#: Largest basis width and hidden widths of the wide kernel (its ``∂W1`` and ``∂W2`` accumulate in registers:
-#: at the default tiles 128 x 128 and 128 x 64 fp32 fit the 255 registers of sm_90 with few spilled bytes, 68 per
-#: thread with triton 3.8 and 120 with 3.6, docs/gpu.md).
-WIDE_MAX_DIM, WIDE_MAX_HIDDEN = 128, 128
-#: Elements per block of the wide kernel's Adam update (each weight matrix is one flat range).
-WIDE_ADAM_BLOCK = 2048
-
-
-def kernel_for(config: KernelConfig, dim: int, hidden: tuple[int, int]) -> str:
-    """The kernel that runs for a basis width and hidden widths: ``config.kernel``, unless the wide kernel was
-    asked for a shape beyond it (then ``"chunked"``)."""
-    if config.kernel == "wide" and (dim > WIDE_MAX_DIM or max(hidden) > WIDE_MAX_HIDDEN):
-        return "chunked"
-    return config.kernel
-
-
-#: The configuration a new :class:`TritonTrainer` uses (the benchmark's sweep replaces it).
-DEFAULT_CONFIG = KernelConfig()
+#: Largest sizes the kernel is built for: the CT head holds a ``[Q, N]`` block in registers, and the backward
+#: accumulates ``∂W1`` (``[K_PAD, H1]``) and ``∂W2`` in registers, which fit sm_90's 255 registers per thread with
+#: few spilled bytes up to a basis of 128 columns and hidden widths of 128 (docs/lab/gpu-kernel.md).
+MAX_WAYS, MAX_HEAD, MAX_HIDDEN, MAX_DIM = 64, 16384, 128, 128
+#: Elements per block of the kernel's Adam update (each weight matrix is one flat range).
+ADAM_BLOCK = 2048
 
 
 def unsupported_reason(ways: int, queries: int, dim: int, hidden: list[int], dtype: torch.dtype) -> str | None:
@@ -149,39 +60,37 @@ def unsupported_reason(ways: int, queries: int, dim: int, hidden: list[int], dty
     return None
 
 
-def input_columns(m: int, lean: bool) -> int:
-    """Columns per row of the wide kernel's inputs scratch for a basis of ``m``: ``m`` padded to a power of two
-    (the products' width, ``K_PAD``), or with ``lean`` to a multiple of 8 (16-byte rows in bf16, so loads and
-    stores stay vectorized)."""
-    return -(-m // 8) * 8 if lean else max(16, power_of_two(m))
-
-
 def power_of_two(n: int) -> int:
     """The smallest power of two >= ``n`` (>= 1)."""
     return 1 << max(0, (n - 1).bit_length())
 
 
 @functools.cache
-def kernels() -> ModuleType:
-    """The kernel module, imported on first use (importing triton costs about a second)."""
-    from lightning_putm.methods.putm import triton_kernels
+def ops() -> ModuleType:
+    """The kernels' device functions and constants (:mod:`.triton_ops`), imported on first use (importing triton
+    costs about a second)."""
+    from lightning_putm.methods.putm import triton_ops
 
-    return triton_kernels
+    return triton_ops
 
 
-def kernel_function(name: str):
-    """The Triton kernel of a :class:`KernelConfig` ``kernel`` name (its module imported on first use)."""
-    if name == "wide":
-        from lightning_putm.methods.putm import triton_wide
+def e_step_kernel():
+    """The fused E-step kernel (:func:`.triton_wide.e_step_kernel_wide`), its module imported on first use."""
+    from lightning_putm.methods.putm import triton_wide
 
-        return triton_wide.e_step_kernel_wide
-    return kernels().e_step_kernel
+    return triton_wide.e_step_kernel_wide
+
+
+def pair_tile(precision: int) -> int:
+    """Pairs per tile (``BLOCK_P``) for a kernel ``PRECISION``: 32 in bf16, 16 in fp32 and TF32, whose fp32 tiles
+    spill less on sm_90 (docs/lab/gpu-kernel.md)."""
+    return 32 if precision == ops().BF16 else 16
 
 
 def kernel_precision(compute_dtype: torch.dtype, device: torch.device) -> int:
     """The kernel's ``PRECISION``: bf16 products, TF32 (fp32 on CUDA with TF32 allowed, ``precision=tf32``) or
     exact fp32."""
-    k = kernels()
+    k = ops()
     if compute_dtype == torch.bfloat16:
         return k.BF16
     if device.type == "cuda" and torch.get_float32_matmul_precision() != "highest":
@@ -189,15 +98,14 @@ def kernel_precision(compute_dtype: torch.dtype, device: torch.device) -> int:
     return k.FP32
 
 
-class TritonTrainer(Engine):
+class TritonEngine(Engine):
     """The E-step as one fused Triton kernel launch (``solver=triton``); see the module docstring."""
 
     fixed_batch = True
 
     def __init__(self, navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype,
-                 config: KernelConfig | None = None, fall_back_on_error: bool = False) -> None:
-        self.navigator, self.settings, self.compute_dtype = navigator, settings, compute_dtype
-        self.config = DEFAULT_CONFIG if config is None else config
+                 fall_back_on_error: bool = False) -> None:
+        super().__init__(navigator, settings, compute_dtype)
         #: ``solver=auto`` chose this engine: if its kernels fail to build or launch on this machine (an old
         #: driver, a triton that cannot compile them), the ``compiled`` engine takes over with one notice, before
         #: any state has changed (:meth:`probe`). ``solver=triton`` asked by name raises instead.
@@ -213,6 +121,18 @@ class TritonTrainer(Engine):
         self._schedule = torch.empty(0, 2)
         self._scratch: dict[str, torch.Tensor] = {}
         self._outputs: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def build(cls, navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype,
+              chosen_by_auto: bool = False) -> TritonEngine:
+        """Chosen by ``solver=auto``, the engine hands over to ``compiled`` if its kernels cannot run here
+        (:attr:`fall_back_on_error`); asked for by name, it raises."""
+        return cls(navigator, settings, compute_dtype, fall_back_on_error=chosen_by_auto)
+
+    @classmethod
+    def bytes_per_task(cls, pairs: int, m: int, settings: PUTMSettings) -> int:
+        """The ``fused`` engine's estimate, which covers the kernel's per-program scratch and Adam state too."""
+        return FusedEngine.bytes_per_task(pairs, m, settings)
 
     def keep_only(self, live: torch.Tensor) -> None:
         """Only tasks ``live`` (a ``[T]`` bool mask) need results from now on: the others' programs return at once
@@ -325,13 +245,13 @@ class TritonTrainer(Engine):
         """The ``compiled`` engine on the same navigator, with one notice (only before the first Adam step);
         ``failed``: the kernels could not run here (``reason``: the error), else the shape is one they do not
         handle."""
-        from lightning_putm.methods.putm.compiled import CompiledTrainer
+        from lightning_putm.methods.putm.compiled import CompiledEngine
 
         if self.steps:
             raise RuntimeError(f"putm solver=triton: the shape changed mid-run to one the kernel does not handle "
                                f"({reason})")
         notice(reason, failed)
-        self.delegate = CompiledTrainer(self.navigator, self.settings, self.compute_dtype)
+        self.delegate = CompiledEngine(self.navigator, self.settings, self.compute_dtype)
         if not bool(self.active.all()):
             self.delegate.keep_only(self.active.bool())
         return self.delegate
@@ -339,29 +259,30 @@ class TritonTrainer(Engine):
     def launch(self, query: torch.Tensor, prototypes: torch.Tensor, cost: torch.Tensor) -> tuple[torch.Tensor,
                                                                                                     torch.Tensor]:
         """One kernel launch over all tasks; returns the (persistent) π_f and π_b buffers."""
-        name, arguments, constants, grid = self.kernel_arguments(query, prototypes, cost)
-        kernel_function(name)[grid](*arguments, **constants, **self.config.launch_options(name))
+        arguments, constants, grid = self.kernel_arguments(query, prototypes, cost)
+        e_step_kernel()[grid](*arguments, **constants, **self.launch_options())
         return self._outputs  # type: ignore[return-value]
 
+    def launch_options(self) -> dict[str, int]:
+        """A launch's options besides its arguments: warps per program and software-pipelining stages (the settings'
+        ``triton_warps``, ``triton_stages``)."""
+        return {"num_warps": self.settings.triton_warps, "num_stages": self.settings.triton_stages}
+
     def kernel_arguments(self, query: torch.Tensor, prototypes: torch.Tensor,
-                         cost: torch.Tensor) -> tuple[str, list[object], dict[str, object], tuple[int]]:
-        """Which kernel runs (:func:`kernel_for`), its runtime arguments, its compile-time constants and its grid for
-        one launch (the scratch and the output buffers are allocated here, once per shape)."""
-        k, s, nav, config = kernels(), self.settings, self.navigator, self.config
+                         cost: torch.Tensor) -> tuple[list[object], dict[str, object], tuple[int]]:
+        """The kernel's runtime arguments, its compile-time constants and its grid (one program per task) for one
+        launch (the scratch and the output buffers are allocated here, once per shape)."""
+        k, s, nav = ops(), self.settings, self.navigator
         t, q, m = query.shape
         n = prototypes.shape[1]
         h1, h2 = nav.widths[1:-1]
         pairs = q * n
         precision = kernel_precision(self.compute_dtype, query.device)
-        block_p = config.pair_tile(precision)
+        block_p = pair_tile(precision)
         padded_pairs = -(-pairs // block_p) * block_p
-        programs = t if config.programs is None else max(1, min(t, config.programs))
-        scratch_dtype = torch.float32 if k.INTERPRETED else self.compute_dtype
-        name = kernel_for(config, m, (h1, h2))
-        wide = name == "wide"
-        k_pad = input_columns(m, lean=False)  # the products' width, K_PAD
-        lean = wide and config.scratch == "lean"
-        scratch = self.scratch(programs, padded_pairs, h1, h2, scratch_dtype, (k_pad, m) if wide else (0, 0), lean)
+        k_pad = max(16, power_of_two(m))  # the products' width
+        scratch = self.scratch(t, padded_pairs, k_pad, m, h1, h2, torch.float32 if k.INTERPRETED else
+                               self.compute_dtype)
         if self._outputs is None or self._outputs[0].shape != cost.shape:
             self._outputs = (torch.zeros_like(cost), torch.zeros_like(cost))
         forward, backward = self._outputs
@@ -370,44 +291,35 @@ class TritonTrainer(Engine):
         for part in [*weights, *biases][:-1]:
             starts.append(starts[-1] + part.numel())
         beta1, beta2 = s.adam_betas
-        buffers = ([scratch["x0"], scratch["h1"], scratch["h2"], scratch["logits"], scratch["grad"], scratch["dw"]]
-                   if wide else [scratch["h1"], scratch["h2"], scratch["logits"], scratch["grad"], scratch["dw"]])
         arguments = [query, prototypes, cost, nav.flat, self.exp_avg, self.exp_avg_sq, self.active,
-                     self.schedule(self.steps + s.inner_steps), forward, backward, *buffers,
-                     t, s.inner_steps, self.steps, *starts[1:],
-                     s.negative_slope, s.rho, s.theta, 1 - beta1, beta2, 1 - beta2, ADAM_EPS]
+                     self.schedule(self.steps + s.inner_steps), forward, backward, scratch["x0"], scratch["h1"],
+                     scratch["h2"], scratch["logits"], scratch["grad"], scratch["dw"], t, s.inner_steps, self.steps,
+                     *starts[1:], s.negative_slope, s.rho, s.theta, 1 - beta1, beta2, 1 - beta2, ADAM_EPS]
         constants = dict(Q=q, N=n, M=m, H1=h1, H2=h2, W3S=weights[-1].shape[2], Q_PAD=power_of_two(q),
-                         N_PAD=power_of_two(n), P_PAD=padded_pairs, BLOCK_P=block_p, BLOCK_K=config.block_k,
+                         N_PAD=power_of_two(n), P_PAD=padded_pairs, BLOCK_P=block_p, K_PAD=k_pad,
                          PRECISION=precision, INTERPRET=k.INTERPRETED, LERP_FROM_END=not abs(1 - beta1) < 0.5,
-                         BALANCE=s.theta != 0)
-        if wide:
-            del constants["BLOCK_K"]
-            constants.update(K_PAD=k_pad, ADAM_BLOCK=WIDE_ADAM_BLOCK, EXACT=config.exact_adam, LEAN=lean,
-                             X0_COLS=input_columns(m, lean))
-        return name, arguments, constants, (programs,)
+                         BALANCE=s.theta != 0, ADAM_BLOCK=ADAM_BLOCK)
+        return arguments, constants, (t,)
 
-    def scratch(self, programs: int, pairs: int, h1: int, h2: int, dtype: torch.dtype,
-                wide: tuple[int, int] = (0, 0), lean: bool = False) -> dict[str, torch.Tensor]:
-        """The per-program activations (kept between launches of the same size). ``wide`` = ``(k_pad, m)`` for the
-        wide kernel: the inputs ``[pairs, k_pad]`` and room for both ``∂W1`` (``m`` rows) and ``∂W2``. ``lean``
-        (``KernelConfig(scratch="lean")``): inputs in rows of :func:`input_columns`, the weight gradients in
-        ``dtype``, and no room for the activations (one element stands in, never read)."""
-        k_pad, m = wide
-        shape = (programs, pairs, h1, h2, dtype, wide, lean)
+    def scratch(self, programs: int, pairs: int, k_pad: int, m: int, h1: int, h2: int,
+                dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """Each program's scratch (kept between launches of the same size): the inputs ``[pairs, k_pad]`` and the
+        activations in ``dtype``, the logits and their gradients, and room for both ``∂W1`` (``m`` rows) and
+        ``∂W2`` in fp32."""
+        shape = (programs, pairs, k_pad, m, h1, h2, dtype)
         if self._scratch.get("shape") != shape:
             device = self.navigator.flat.device
 
-            def room(*size: int, kept: bool = True, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-                return torch.empty(size if kept else (1,), device=device, dtype=dtype)
+            def room(*size: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                return torch.empty(size, device=device, dtype=dtype)
 
             self._scratch = {"shape": shape,  # type: ignore[dict-item]
-                             "h1": room(programs, pairs, h1, kept=not lean, dtype=dtype),
-                             "h2": room(programs, pairs, h2, kept=not lean, dtype=dtype),
+                             "x0": room(programs, pairs, k_pad, dtype=dtype),
+                             "h1": room(programs, pairs, h1, dtype=dtype),
+                             "h2": room(programs, pairs, h2, dtype=dtype),
                              "logits": room(programs, pairs),
                              "grad": room(programs, pairs),
-                             "dw": room(programs, m * h1 + h1 * h2, dtype=dtype if lean else torch.float32)}
-            if k_pad:
-                self._scratch["x0"] = room(programs, pairs, input_columns(m, lean), dtype=dtype)
+                             "dw": room(programs, m * h1 + h1 * h2)}
         return self._scratch
 
 
@@ -416,12 +328,12 @@ class TritonTrainer(Engine):
 COST_CHUNK = 512
 
 
-def pair_costs(query: torch.Tensor, prototypes: torch.Tensor) -> torch.Tensor:
-    """The costs ``c_jk = ‖x_j − μ_k‖²`` ``[T, Q, N]`` of :func:`.step.pair_inputs`, computed :data:`COST_CHUNK`
-    tasks at a time: the same values (bit for bit on a CPU, where it is tested; a GPU's reduction may sum in
-    another order for another batch size, a rounding difference)."""
-    return torch.cat([pair_inputs(query[start:start + COST_CHUNK], prototypes[start:start + COST_CHUNK])[1]
-                      for start in range(0, query.shape[0], COST_CHUNK)])
+def pair_costs(query: torch.Tensor, prototypes: torch.Tensor, chunk: int = COST_CHUNK) -> torch.Tensor:
+    """The costs ``c_jk = ‖x_j − μ_k‖²`` ``[T, Q, N]`` of :func:`.step.pair_inputs`, computed ``chunk`` tasks at a
+    time: the same values (bit for bit on a CPU, where it is tested; a GPU's reduction may sum in another order for
+    another batch size, a rounding difference)."""
+    return torch.cat([pair_inputs(query[start:start + chunk], prototypes[start:start + chunk])[1]
+                      for start in range(0, query.shape[0], chunk)])
 
 
 _NOTICED: set[str] = set()

@@ -1,9 +1,13 @@
-"""The wide fused E-step kernel of ``solver=triton`` (``KernelConfig.kernel="wide"``, the default).
+"""The fused E-step kernel of ``solver=triton`` (the "wide" kernel): every Adam step of an E-step of a task in
+one Triton program (paper §3, Algorithm 1: ``inner_steps`` Adam steps of the navigator ``m → H1 → H2 → 1`` on the
+conditional-transport loss), without returning to the host.
 
-It computes what :func:`.triton_kernels.e_step_kernel` computes (every Adam step of an E-step of a task in one
-Triton program: paper §3, Algorithm 1), with fewer and larger products. That kernel's H100 profile (docs/gpu.md)
-found it bound by instruction issue and barriers, most of them moving the operands of its many small products
-(pair tiles × ``BLOCK_K`` input columns) into the tensor cores' layout. Here
+Per Adam step a program runs the navigator forward over tiles of ``BLOCK_P`` (query, prototype) pairs, the CT head
+(π_f, π_b and the loss gradient, the formula of :func:`.loss.ct_loss_gradient`), the backward pass and Adam's
+update (the formula of :class:`.adam.StackedAdam`, bias corrections from a per-step schedule computed on the host).
+Weights and Adam moments stay in the navigator's flat buffers in global memory; activations go to a per-program
+scratch. Its design (docs/lab/gpu-kernel.md, "The wide kernel") answers what the H100 profile of a first design
+found, a kernel bound by instruction issue and barriers, most of them moving the operands of many small products:
 
 - the squared differences ``(x_j − μ_k)²`` are written once per E-step (they do not change during it), rounded
   to the compute dtype, as a ``[P_PAD, K_PAD]`` scratch (``K_PAD``: ``M`` rounded up to a power of two, the
@@ -11,24 +15,16 @@ found it bound by instruction issue and barriers, most of them moving the operan
 - ``W1`` and ``W2`` become product operands once per Adam step, not once per pair tile;
 - the backward is one pass over the pair tiles that accumulates ``∂W1`` and ``∂W2`` in registers (``∂h1`` never
   goes to memory), which is why the kernel serves bases and hidden widths up to 128
-  (:data:`.triton_engine.WIDE_MAX_DIM`);
+  (:data:`.triton_engine.MAX_DIM`, :data:`.triton_engine.MAX_HIDDEN`);
 - the sums over pairs of the gradients of ``w3`` and ``b2`` are small products on the tensor cores, accumulated
   over the tiles (:func:`_pair_sums`), not a reduction across the program's warps for every tile;
 - activations and gradients stay bf16 tensors between operations in bf16 mode (:func:`_compute`), so they are
-  stored and multiplied without converting back and forth (triton 3.6, the GPU image's, does not remove those
-  conversions itself);
-- Adam runs over each weight matrix as one flat range, optionally with the GPU's approximate square root and
-  division (``EXACT`` false: within 2 ulp, several times fewer instructions).
+  stored and multiplied without converting back and forth (triton 3.6 does not remove those conversions itself);
+- Adam runs over each weight matrix as one flat range.
 
-With ``LEAN`` (``KernelConfig(scratch="lean")``) the per-program scratch shrinks from 315 to 99 KB (1 shot, bf16):
-the backward computes ``h1`` and ``h2`` again from the tile's inputs instead of reading them back, the inputs are
-kept in rows of ``M`` columns rounded up to 8 (``X0_COLS``) instead of ``K_PAD``, and the weight gradients in the
-compute dtype (they are rounded to it anyway). More tensor-core work, 38% fewer bytes per Adam step, and the state
-and scratch of 132 programs, one per SM, fit an H100's 50 MB L2 cache (43 MB instead of 72 MB; docs/gpu.md). The
-same values, so the same results.
-
-Rounding follows :mod:`.triton_kernels` (``PRECISION``, ``INTERPRET``): the same values are rounded to bf16 at the
-same places, so both kernels agree with the ``fused`` engine to float rounding.
+Rounding and precisions are :mod:`.triton_ops`'s (``PRECISION``, ``INTERPRET``). Programs loop over tasks
+``pid, pid + G, …`` (G programs: the engine launches one per task), and a task whose ``active`` flag is 0 is
+skipped at once.
 """
 
 from __future__ import annotations
@@ -36,8 +32,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from lightning_putm.methods.putm.triton_kernels import (RUNTIME_INTEGERS, _adam, _bf16_value, _ct_head, _dot,
-                                                        _inputs, _rounded)
+from lightning_putm.methods.putm.triton_ops import (RUNTIME_INTEGERS, _adam, _bf16_value, _ct_head, _dot, _inputs,
+                                                    _rounded)
 
 
 @triton.jit
@@ -95,57 +91,40 @@ def _hidden2(h1, weights2, bias2, slope, BLOCK_P: tl.constexpr, H2: tl.constexpr
 
 
 @triton.jit
-def _store_inputs(x0_scratch, x0, pairs, basis, X0_COLS: tl.constexpr, K_PAD: tl.constexpr):
-    """A pair tile's inputs ``[BLOCK_P, K_PAD]`` (columns from ``M`` on: zeros) to the scratch, in rows of
-    ``X0_COLS`` columns: ``K_PAD``, or with ``LEAN`` ``M`` rounded up to 8 (16-byte rows in bf16; 80 columns
-    instead of 128 at 1 shot)."""
-    if X0_COLS == K_PAD:
-        tl.store(x0_scratch + pairs[:, None] * K_PAD + basis[None, :], x0)
-    else:
-        tl.store(x0_scratch + pairs[:, None] * X0_COLS + basis[None, :], x0, mask=(basis < X0_COLS)[None, :])
+def _store_inputs(x0_scratch, x0, pairs, basis, K_PAD: tl.constexpr):
+    """A pair tile's inputs ``[BLOCK_P, K_PAD]`` (columns from ``M`` on: zeros) to the scratch."""
+    tl.store(x0_scratch + pairs[:, None] * K_PAD + basis[None, :], x0)
 
 
 @triton.jit
-def _load_inputs(x0_scratch, pairs, basis, X0_COLS: tl.constexpr, K_PAD: tl.constexpr):
+def _load_inputs(x0_scratch, pairs, basis, K_PAD: tl.constexpr):
     """A pair tile's inputs ``[BLOCK_P, K_PAD]`` from the scratch that :func:`_store_inputs` wrote."""
-    if X0_COLS == K_PAD:
-        return tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :])
-    else:
-        return tl.load(x0_scratch + pairs[:, None] * X0_COLS + basis[None, :], mask=(basis < X0_COLS)[None, :],
-                       other=0.0)
+    return tl.load(x0_scratch + pairs[:, None] * K_PAD + basis[None, :])
 
 
 @triton.jit
 def _forward_tile(x0, pairs, weights1, weights2, bias1, bias2, w3_row, bias3, slope, h1_scratch, h2_scratch,
                   logit_scratch, hidden1, hidden2, BLOCK_P: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr,
-                  LEAN: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-    """The navigator's forward of a pair tile: the logits ``−(h2·w3 + b3)`` to the scratch, and ``h1``, ``h2``
-    too unless the backward computes them again (``LEAN``)."""
+                  PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+    """The navigator's forward of a pair tile: ``h1``, ``h2`` and the logits ``−(h2·w3 + b3)`` to the scratch."""
     h1 = _hidden1(x0, weights1, bias1, slope, BLOCK_P, H1, PRECISION, INTERPRET)
-    if not LEAN:
-        tl.store(h1_scratch + pairs[:, None] * H1 + hidden1[None, :], h1)
+    tl.store(h1_scratch + pairs[:, None] * H1 + hidden1[None, :], h1)
     h2 = _hidden2(h1, weights2, bias2, slope, BLOCK_P, H2, PRECISION, INTERPRET)
-    if not LEAN:
-        tl.store(h2_scratch + pairs[:, None] * H2 + hidden2[None, :], h2)
+    tl.store(h2_scratch + pairs[:, None] * H2 + hidden2[None, :], h2)
     out = _rounded(tl.sum(h2.to(tl.float32) * w3_row[None, :], axis=1), PRECISION, INTERPRET)
     tl.store(logit_scratch + pairs, -(out + bias3))
 
 
 @triton.jit
-def _backward_tile(pairs, pair_ok, x0, weights1, weights2, bias1, bias2, w3_row, ones_row, row0, slope,
-                   gout_scratch, h1_scratch, h2_scratch, hidden1, hidden2, grad_w1, grad_w2, sums_w3, sums_b2,
-                   grad_b1, grad_b3, BLOCK_P: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, LEAN: tl.constexpr,
-                   PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+def _backward_tile(pairs, pair_ok, x0, weights2, w3_row, ones_row, row0, slope, gout_scratch, h1_scratch,
+                   h2_scratch, hidden1, hidden2, grad_w1, grad_w2, sums_w3, sums_b2, grad_b1, grad_b3,
+                   BLOCK_P: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, PRECISION: tl.constexpr,
+                   INTERPRET: tl.constexpr):
     """The backward of a pair tile from ``∂L/∂logits`` in the scratch: every gradient sum updated (``w3``'s and
-    ``b2``'s as :func:`_pair_sums`; ``row0``: ``[16]``, true in row 0). ``h1`` and ``h2`` come from the scratch,
-    or (``LEAN``) are computed again from the tile's inputs, the same values."""
+    ``b2``'s as :func:`_pair_sums`; ``row0``: ``[16]``, true in row 0); ``h1`` and ``h2`` from the scratch."""
     g_out = tl.load(gout_scratch + pairs, mask=pair_ok, other=0.0)
     grad_b3 += g_out
-    if not LEAN:
-        h2 = tl.load(h2_scratch + pairs[:, None] * H2 + hidden2[None, :])
-    else:
-        h1 = _hidden1(x0, weights1, bias1, slope, BLOCK_P, H1, PRECISION, INTERPRET)
-        h2 = _hidden2(h1, weights2, bias2, slope, BLOCK_P, H2, PRECISION, INTERPRET)
+    h2 = tl.load(h2_scratch + pairs[:, None] * H2 + hidden2[None, :])
     g_out_row = tl.load(gout_scratch + pairs[None, :] + 0 * row0[:, None], mask=row0[:, None] & pair_ok[None, :],
                         other=0.0)
     sums_w3 = _pair_sums(sums_w3, _compute(g_out_row, PRECISION, INTERPRET), h2, PRECISION, INTERPRET)
@@ -153,8 +132,7 @@ def _backward_tile(pairs, pair_ok, x0, weights1, weights2, bias1, bias2, w3_row,
     g2 = _leaky_backward(_compute(g3[:, None] * w3_row[None, :], PRECISION, INTERPRET), h2, slope, PRECISION,
                          INTERPRET)
     sums_b2 = _pair_sums(sums_b2, ones_row, g2, PRECISION, INTERPRET)
-    if not LEAN:
-        h1 = tl.load(h1_scratch + pairs[:, None] * H1 + hidden1[None, :])
+    h1 = tl.load(h1_scratch + pairs[:, None] * H1 + hidden1[None, :])
     grad_w2 = _dot(tl.trans(h1), g2, grad_w2, PRECISION, INTERPRET)
     g1 = _dot(g2, tl.trans(weights2), tl.zeros((BLOCK_P, H1), dtype=tl.float32), PRECISION, INTERPRET)
     g1 = _leaky_backward(_compute(g1, PRECISION, INTERPRET), h1, slope, PRECISION, INTERPRET)
@@ -164,10 +142,10 @@ def _backward_tile(pairs, pair_ok, x0, weights1, weights2, bias1, bias2, w3_row,
 
 
 @triton.jit
-def _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets, grad, mask, step_size, bc2_sqrt, weight1, beta2,
-               one_minus_beta2, eps, LERP_FROM_END: tl.constexpr, EXACT: tl.constexpr):
-    """:func:`_adam`, with the square root and the divisions correctly rounded (``EXACT``) or by the GPU's
-    approximate instructions (within 2 ulp; several times fewer instructions)."""
+def _adam_block(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets, grad, mask, step_size, bc2_sqrt, weight1, beta2,
+                one_minus_beta2, eps, LERP_FROM_END: tl.constexpr):
+    """:func:`.triton_ops._adam` over one flat block of a weight matrix: the square root and the divisions correctly
+    rounded, as torch's Adam computes them."""
     m = tl.load(exp_avg_ptr + offsets, mask=mask, other=0.0)
     v = tl.load(exp_avg_sq_ptr + offsets, mask=mask, other=0.0)
     p = tl.load(params_ptr + offsets, mask=mask, other=0.0)
@@ -176,10 +154,7 @@ def _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, offsets, grad, mask, ste
     else:
         m = m + weight1 * (grad - m)
     v = v * beta2 + (one_minus_beta2 * grad) * grad
-    if EXACT:
-        p = p + tl.div_rn(-step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps)
-    else:
-        p = p + (-step_size * m) / (tl.sqrt(v) / bc2_sqrt + eps)
+    p = p + tl.div_rn(-step_size * m, tl.div_rn(tl.sqrt_rn(v), bc2_sqrt) + eps)
     tl.store(exp_avg_ptr + offsets, m, mask=mask)
     tl.store(exp_avg_sq_ptr + offsets, v, mask=mask)
     tl.store(params_ptr + offsets, p, mask=mask)
@@ -199,12 +174,10 @@ def e_step_kernel_wide(
     Q: tl.constexpr, N: tl.constexpr, M: tl.constexpr, H1: tl.constexpr, H2: tl.constexpr, W3S: tl.constexpr,
     Q_PAD: tl.constexpr, N_PAD: tl.constexpr, P_PAD: tl.constexpr, BLOCK_P: tl.constexpr, K_PAD: tl.constexpr,
     PRECISION: tl.constexpr, INTERPRET: tl.constexpr, LERP_FROM_END: tl.constexpr, BALANCE: tl.constexpr,
-    ADAM_BLOCK: tl.constexpr = 2048, EXACT: tl.constexpr = True, LEAN: tl.constexpr = False,
-    X0_COLS: tl.constexpr = 128,
+    ADAM_BLOCK: tl.constexpr = 2048,
 ):
-    """``inner_steps`` Adam steps of every active task's navigator (one program, several tasks in turn); the
-    arguments of :func:`.triton_kernels.e_step_kernel`, plus the inputs' scratch and one scratch for both weight
-    gradients (see the module docstring)."""
+    """``inner_steps`` Adam steps of every active task's navigator (one program, several tasks in turn; see the
+    module docstring)."""
     P: tl.constexpr = Q * N
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -216,7 +189,7 @@ def e_step_kernel_wide(
     classes = tl.arange(0, N_PAD)
     head_mask = (rows[:, None] < Q) & (classes[None, :] < N)
     head_index = rows[:, None] * N + classes[None, :]
-    x0_scratch = x0_ptr + pid.to(tl.int64) * (P_PAD * X0_COLS)
+    x0_scratch = x0_ptr + pid.to(tl.int64) * (P_PAD * K_PAD)
     h1_scratch = h1_ptr + pid.to(tl.int64) * (P_PAD * H1)
     h2_scratch = h2_ptr + pid.to(tl.int64) * (P_PAD * H2)
     logit_scratch = logit_ptr + pid.to(tl.int64) * P_PAD
@@ -242,7 +215,7 @@ def e_step_kernel_wide(
             for p0 in range(0, P_PAD, BLOCK_P):
                 pairs = p0 + tile
                 x0 = _rounded(_inputs(query, protos, pairs, pairs < P, basis, N, M), PRECISION, INTERPRET)
-                _store_inputs(x0_scratch, x0, pairs, basis, X0_COLS, K_PAD)
+                _store_inputs(x0_scratch, x0, pairs, basis, K_PAD)
             tl.debug_barrier()
             for step in range(inner_steps):
                 bias1 = _rounded(tl.load(params_ptr + b1 + hidden1), PRECISION, INTERPRET)
@@ -251,15 +224,14 @@ def e_step_kernel_wide(
                 bias3 = tl.load(params_ptr + b3)
                 weights2 = _compute(tl.load(params_ptr + w2 + hidden1[:, None] * H2 + hidden2[None, :]), PRECISION,
                                     INTERPRET)
-                # ---- 1. forward, tile by tile: the logits (and h1, h2 unless LEAN) to the scratch
+                # ---- 1. forward, tile by tile: h1, h2 and the logits to the scratch
                 weights1 = _compute(tl.load(params_ptr + w1 + basis[:, None] * H1 + hidden1[None, :],
                                             mask=(basis < M)[:, None], other=0.0), PRECISION, INTERPRET)
                 for p0 in range(0, P, BLOCK_P):
                     pairs = p0 + tile
-                    x0 = _load_inputs(x0_scratch, pairs, basis, X0_COLS, K_PAD)
+                    x0 = _load_inputs(x0_scratch, pairs, basis, K_PAD)
                     _forward_tile(x0, pairs, weights1, weights2, bias1, bias2, w3_row, bias3, slope, h1_scratch,
-                                  h2_scratch, logit_scratch, hidden1, hidden2, BLOCK_P, H1, H2, LEAN, PRECISION,
-                                  INTERPRET)
+                                  h2_scratch, logit_scratch, hidden1, hidden2, BLOCK_P, H1, H2, PRECISION, INTERPRET)
                 tl.debug_barrier()
                 # ---- 2. the CT head (loss.ct_loss_gradient): π_f, π_b and ∂L/∂logits on the [Q, N] block
                 _ct_head(logit_scratch, gout_scratch, forward_ptr + t * (Q * N), backward_ptr + t * (Q * N), cost,
@@ -274,11 +246,11 @@ def e_step_kernel_wide(
                 grad_b3 = tl.zeros((BLOCK_P,), dtype=tl.float32)
                 for p0 in range(0, P, BLOCK_P):
                     pairs = p0 + tile
-                    x0 = _load_inputs(x0_scratch, pairs, basis, X0_COLS, K_PAD)
+                    x0 = _load_inputs(x0_scratch, pairs, basis, K_PAD)
                     grad_w1, grad_w2, sums_w3, sums_b2, grad_b1, grad_b3 = _backward_tile(
-                        pairs, pairs < P, x0, weights1, weights2, bias1, bias2, w3_row, ones_row, row0, slope,
-                        gout_scratch, h1_scratch, h2_scratch, hidden1, hidden2, grad_w1, grad_w2, sums_w3, sums_b2,
-                        grad_b1, grad_b3, BLOCK_P, H1, H2, LEAN, PRECISION, INTERPRET)
+                        pairs, pairs < P, x0, weights2, w3_row, ones_row, row0, slope, gout_scratch, h1_scratch,
+                        h2_scratch, hidden1, hidden2, grad_w1, grad_w2, sums_w3, sums_b2, grad_b1, grad_b3, BLOCK_P,
+                        H1, H2, PRECISION, INTERPRET)
                 grad_w3 = tl.sum(sums_w3, axis=0)
                 grad_b2 = tl.sum(sums_b2, axis=0)
                 # ∂W1 and ∂W2 through the scratch, so that Adam updates each as flat blocks of ADAM_BLOCK elements
@@ -292,19 +264,19 @@ def e_step_kernel_wide(
                 step_size = tl.load(schedule_ptr + 2 * (step0 + step))
                 bc2_sqrt = tl.load(schedule_ptr + 2 * (step0 + step) + 1)
                 # W1's and W2's updates: two loops written out here, not one helper, because the sm_90 instruction
-                # estimate (triton_resources) weighs machine-code loops by the kernel's own source loops
+                # estimate (tools/triton_resources.py) weighs machine-code loops by the kernel's own source loops
                 for e0 in range(0, M * H1, ADAM_BLOCK):
                     flat = e0 + adam_block
-                    _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w1 + flat,
-                               tl.load(dw1_scratch + flat, mask=flat < M * H1, other=0.0).to(tl.float32),
-                               flat < M * H1, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps,
-                               LERP_FROM_END, EXACT)
+                    _adam_block(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w1 + flat,
+                                tl.load(dw1_scratch + flat, mask=flat < M * H1, other=0.0).to(tl.float32),
+                                flat < M * H1, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps,
+                                LERP_FROM_END)
                 for e0 in range(0, H1 * H2, ADAM_BLOCK):
                     flat = e0 + adam_block
-                    _adam_fast(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w2 + flat,
-                               tl.load(dw2_scratch + flat, mask=flat < H1 * H2, other=0.0).to(tl.float32),
-                               flat < H1 * H2, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps,
-                               LERP_FROM_END, EXACT)
+                    _adam_block(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w2 + flat,
+                                tl.load(dw2_scratch + flat, mask=flat < H1 * H2, other=0.0).to(tl.float32),
+                                flat < H1 * H2, step_size, bc2_sqrt, weight1, beta2, one_minus_beta2, eps,
+                                LERP_FROM_END)
                 _adam(params_ptr, exp_avg_ptr, exp_avg_sq_ptr, w3 + hidden2 * W3S,
                       _rounded(grad_w3, PRECISION, INTERPRET), hidden2 < H2, step_size, bc2_sqrt, weight1, beta2,
                       one_minus_beta2, eps, LERP_FROM_END)

@@ -1,17 +1,18 @@
-"""What the fused E-step kernel needs on an H100 (sm_90), measured by compiling it here: no GPU needed.
+"""What the fused E-step kernel of ``solver=triton`` needs on an H100 (sm_90), measured by compiling it here: no GPU.
 
-``triton.compile`` builds the kernel for a ``GPUTarget("cuda", 90, 32)`` and ``ptxas -v`` (shipped in the triton
-wheel) reports its registers, spills and stack; Triton's metadata gives the shared memory it asks for at launch.
-Not part of the paper: a check that a kernel configuration (:class:`.triton_engine.KernelConfig`) will launch.
+A development tool, not part of the package: ``triton.compile`` builds the kernel (``lightning_putm/methods/putm/
+triton_wide.py``) for a ``GPUTarget("cuda", 90, 32)`` and ``ptxas -v`` (shipped in the triton wheel) reports its
+registers, spills and stack; Triton's metadata gives the shared memory it asks for at launch. A check that a launch
+configuration (PUTMSettings' ``triton_warps``, ``triton_stages``) will launch.
 
 :func:`sm90_instruction_estimate` goes one step further without a GPU: it counts the warp instructions one Adam
 step executes, from the sm_90 machine code (``nvdisasm``, also in the wheel) weighted by how often each loop runs.
-On the chunked kernel it came within 2% (triton 3.6, the build that was profiled; most instruction classes exact)
-to 8% (triton 3.8) of what Nsight Compute counted on an H100 (docs/gpu.md), so two configurations can be compared
-before a GPU is at hand; time per instruction it cannot tell.
+It came within 2% of what Nsight Compute counted on an H100 for the kernel's first design and within 1.2% for this
+one (docs/lab/gpu-kernel.md), so two configurations can be compared before a GPU is at hand; time per instruction
+it cannot tell.
 
-    python -m lightning_putm.methods.putm.triton_resources              # the tables of docs/gpu.md
-    python -m lightning_putm.methods.putm.triton_resources --breakdown  # where one Adam step's instructions go
+    python tools/triton_resources.py              # the sm_90 table of docs/lab/gpu-kernel.md
+    python tools/triton_resources.py --breakdown  # where one Adam step's instructions go
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+
 def shipped_tool(name: str) -> str | None:
     """``ptxas``/``cuobjdump`` from the triton wheel (``triton/backends/nvidia/bin``), else from PATH."""
     import shutil
@@ -35,39 +37,36 @@ def shipped_tool(name: str) -> str | None:
 
 
 def compile_sm90(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
-                 block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
-                 balance: bool = False, kernel: str = "chunked", exact_adam: bool = True, tasks: int = 100,
-                 max_registers: int | None = None, num_stages: int | None = None, scratch: str = "full"):
+                 precision: int = 2, balance: bool = False, tasks: int = 100, num_warps: int | None = None,
+                 num_stages: int | None = None):
     """The kernel compiled for an H100 (``GPUTarget("cuda", 90, 32)``) exactly as the engine would launch it for
-    ``tasks`` tasks: ``(compiled, constants)``. ``precision``: 0 fp32, 1 TF32, 2 bf16 (:mod:`.triton_kernels`);
-    ``kernel``, ``exact_adam``, ``max_registers``, ``num_stages``, ``scratch``: as in
-    :class:`.triton_engine.KernelConfig` (``num_stages=None``: the kernel's default).
+    ``tasks`` tasks: ``(compiled, constants)``. ``precision``: 0 fp32, 1 TF32, 2 bf16 (``triton_ops``);
+    ``num_warps``, ``num_stages``: the settings' ``triton_warps``, ``triton_stages`` (``None``: their defaults).
 
-    The arguments are the engine's own (:meth:`.triton_engine.TritonTrainer.kernel_arguments`, on CPU tensors), and
-    Triton's launcher decides how they specialize the build, as on the GPU: pointers aligned to 16 bytes and
-    integers divisible by 16 let it vectorize loads and stores. (A build without that specialization, this
-    function's at first, loads one element per instruction: 4x the global loads and stores of what ran.)"""
+    The arguments are the engine's own (``TritonEngine.kernel_arguments``, on CPU tensors), and Triton's launcher
+    decides how they specialize the build, as on the GPU: pointers aligned to 16 bytes and integers divisible by 16
+    let it vectorize loads and stores. (A build without that specialization, this function's at first, loads one
+    element per instruction: 4x the global loads and stores of what ran.)"""
     import torch
 
-    from lightning_putm.methods.putm import triton_kernels
+    from lightning_putm.methods.putm import triton_ops
     from lightning_putm.methods.putm.navigator import Navigator
     from lightning_putm.methods.putm.settings import PUTMSettings
-    from lightning_putm.methods.putm.triton_engine import KernelConfig, TritonTrainer, kernel_function
+    from lightning_putm.methods.putm.triton_engine import TritonEngine, e_step_kernel
 
-    if triton_kernels.INTERPRETED:
+    if triton_ops.INTERPRETED:
         raise RuntimeError("the kernels were built for the interpreter (TRITON_INTERPRET=1): unset it")
-    settings = PUTMSettings(hidden=list(hidden), theta=0.3 if balance else 0.0)
+    launch = {key: value for key, value in (("triton_warps", num_warps), ("triton_stages", num_stages))
+              if value is not None}
+    settings = PUTMSettings(hidden=list(hidden), theta=0.3 if balance else 0.0, **launch)
     generators = [torch.Generator().manual_seed(task) for task in range(tasks)]
     navigator = Navigator([m, *hidden, 1], generators, 1000, torch.device("cpu"), torch.float32,
                           settings.negative_slope, requires_grad=False)
-    config = KernelConfig(kernel=kernel, block_p=block_p, block_k=block_k, num_warps=num_warps,
-                          exact_adam=exact_adam, max_registers=max_registers, num_stages=num_stages,
-                          scratch=scratch)
-    engine = TritonTrainer(navigator, settings, torch.bfloat16 if precision == 2 else torch.float32, config)
-    name, arguments, constants, _ = engine.kernel_arguments(
+    engine = TritonEngine(navigator, settings, torch.bfloat16 if precision == 2 else torch.float32)
+    arguments, constants, _ = engine.kernel_arguments(
         torch.zeros(tasks, queries, m), torch.zeros(tasks, ways, m), torch.zeros(tasks, queries, ways))
     constants["PRECISION"] = precision  # TF32 (1) is chosen on CUDA devices only
-    return _build_sm90(kernel_function(name), arguments, dict(constants, **config.launch_options(name))), constants
+    return _build_sm90(e_step_kernel(), arguments, dict(constants, **engine.launch_options())), constants
 
 
 def compile_m_step_sm90(queries: int = 75, ways: int = 5, shots: int = 1, m: int = 80, tasks: int = 100):
@@ -76,9 +75,9 @@ def compile_m_step_sm90(queries: int = 75, ways: int = 5, shots: int = 1, m: int
     :func:`compile_sm90`'s)."""
     import torch
 
-    from lightning_putm.methods.putm import triton_em, triton_kernels
+    from lightning_putm.methods.putm import triton_em, triton_ops
 
-    if triton_kernels.INTERPRETED:
+    if triton_ops.INTERPRETED:
         raise RuntimeError("the kernels were built for the interpreter (TRITON_INTERPRET=1): unset it")
     support = ways * shots
     arguments, launch = triton_em.m_step_launch(
@@ -106,14 +105,12 @@ def _build_sm90(function, arguments: list[object], launch: dict[str, object]):
 
 
 def sm90_resources(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
-                   block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
-                   balance: bool = False, ptxas: str | None = None, kernel: str = "chunked",
-                   exact_adam: bool = True, max_registers: int | None = None,
-                   num_stages: int | None = None, scratch: str = "full") -> dict[str, int]:
+                   precision: int = 2, balance: bool = False, ptxas: str | None = None, num_warps: int | None = None,
+                   num_stages: int | None = None) -> dict[str, int]:
     """Registers per thread, spill bytes, stack bytes and shared memory of one kernel configuration on sm_90
     (arguments of :func:`compile_sm90`). Raises ``RuntimeError`` without ptxas."""
-    compiled, _ = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, balance, kernel,
-                               exact_adam, max_registers=max_registers, num_stages=num_stages, scratch=scratch)
+    compiled, _ = compile_sm90(queries, ways, m, hidden, precision, balance, num_warps=num_warps,
+                               num_stages=num_stages)
     return ptxas_usage(compiled, ptxas)
 
 
@@ -267,18 +264,15 @@ def count_adam_step_lines(sass: str, loops: list[tuple[int, int, int | str]],
 
 
 def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
-                              block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
-                              kernel: str = "chunked", exact_adam: bool = True, max_registers: int | None = None,
-                              num_stages: int | None = None, scratch: str = "full",
+                              precision: int = 2, num_warps: int | None = None, num_stages: int | None = None,
                               nvdisasm: str | None = None) -> dict[str, int]:
     """Warp instructions that one Adam step of one task executes on sm_90, estimated from the machine code
     (:func:`count_adam_step`): ``total`` (all warps of the program), ``per warp``, and per warp by
     :data:`OPCODE_GROUPS` (the rest: ``integer and control``). Raises ``RuntimeError`` without nvdisasm."""
-    by_line, _ = _adam_step_lines(queries, ways, m, hidden, block_p, block_k, num_warps, precision, kernel,
-                                  exact_adam, max_registers, num_stages, scratch, nvdisasm)
+    by_line, _, warps = _adam_step_lines(queries, ways, m, hidden, precision, num_warps, num_stages, nvdisasm)
     counts = _by_opcode(by_line)
     per_warp = sum(counts.values())
-    out = {"total": per_warp * num_warps, "per warp": per_warp}
+    out = {"total": per_warp * warps, "per warp": per_warp}
     grouped = set()
     for group, opcodes in OPCODE_GROUPS.items():
         out[group] = sum(counts[opcode] for opcode in opcodes)
@@ -287,43 +281,38 @@ def sm90_instruction_estimate(queries: int = 75, ways: int = 5, m: int = 80, hid
     return out
 
 
-def _adam_step_lines(queries: int, ways: int, m: int, hidden: tuple[int, int], block_p: int, block_k: int,
-                     num_warps: int, precision: int, kernel: str, exact_adam: bool, max_registers: int | None,
-                     num_stages: int | None, scratch: str,
-                     nvdisasm: str | None) -> tuple[collections.Counter, dict[int, str]]:
-    """:func:`count_adam_step_lines` of one configuration compiled for sm_90, and the text of the kernel file's
-    lines by number."""
+def _adam_step_lines(queries: int, ways: int, m: int, hidden: tuple[int, int], precision: int,
+                     num_warps: int | None, num_stages: int | None,
+                     nvdisasm: str | None) -> tuple[collections.Counter, dict[int, str], int]:
+    """:func:`count_adam_step_lines` of one configuration compiled for sm_90, the text of the kernel file's lines
+    by number, and the warps per program it was built for."""
     nvdisasm = nvdisasm or shipped_tool("nvdisasm")
     if nvdisasm is None:
         raise RuntimeError("no nvdisasm (neither in the triton wheel nor on PATH)")
-    compiled, constants = compile_sm90(queries, ways, m, hidden, block_p, block_k, num_warps, precision, False,
-                                       kernel, exact_adam, max_registers=max_registers, num_stages=num_stages,
-                                       scratch=scratch)
+    compiled, constants = compile_sm90(queries, ways, m, hidden, precision, num_warps=num_warps,
+                                       num_stages=num_stages)
     with tempfile.TemporaryDirectory() as folder:
         cubin = Path(folder) / "kernel.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
         sass = subprocess.run([nvdisasm, "-gi", "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    from lightning_putm.methods.putm.triton_engine import kernel_function
+    from lightning_putm.methods.putm.triton_engine import e_step_kernel
 
-    function = kernel_function(kernel)
+    function = e_step_kernel()
     sizes = {name: value for name, value in constants.items() if isinstance(value, int)} | {"P": queries * ways}
     lines, first = inspect.getsourcelines(function.fn)
     source = inspect.getsourcefile(function.fn)
     counts = count_adam_step_lines(sass, _loops(function, sizes), (source, first, first + len(lines) - 1))
-    return counts, dict(enumerate(Path(source).read_text().splitlines(), start=1))
+    return counts, dict(enumerate(Path(source).read_text().splitlines(), start=1)), compiled.metadata.num_warps
 
 
 def sm90_instruction_breakdown(queries: int = 75, ways: int = 5, m: int = 80, hidden: tuple[int, int] = (128, 64),
-                               block_p: int = 32, block_k: int = 16, num_warps: int = 8, precision: int = 2,
-                               kernel: str = "wide", exact_adam: bool = True, max_registers: int | None = None,
-                               num_stages: int | None = None, scratch: str = "full",
+                               precision: int = 2, num_warps: int | None = None, num_stages: int | None = None,
                                nvdisasm: str | None = None) -> list[dict[str, object]]:
     """Where the warp instructions of one Adam step go: one row per statement of the kernel function (the source
     line a machine instruction comes from, or the call it was inlined into), most instructions first, with
     ``line``, ``code`` (the line's text), ``per warp`` and ``per warp`` by :data:`OPCODE_GROUPS` (the rest:
     ``integer and control``). Arguments as :func:`sm90_instruction_estimate`'s; its ``per warp`` is the sum."""
-    by_line, text = _adam_step_lines(queries, ways, m, hidden, block_p, block_k, num_warps, precision, kernel,
-                                     exact_adam, max_registers, num_stages, scratch, nvdisasm)
+    by_line, text, _ = _adam_step_lines(queries, ways, m, hidden, precision, num_warps, num_stages, nvdisasm)
     group_of = {opcode: group for group, opcodes in OPCODE_GROUPS.items() for opcode in opcodes}
     rows: dict[int, dict[str, object]] = {}
     for (opcode, line), n in by_line.items():
@@ -334,45 +323,30 @@ def sm90_instruction_breakdown(queries: int = 75, ways: int = 5, m: int = 80, hi
     return sorted(rows.values(), key=lambda row: -row["per warp"])  # type: ignore[operator]
 
 
-#: The configurations of the table: (kernel, shots, m, precision, BLOCK_P, BLOCK_K, warps, exact Adam, register
-#: cap, pipeline stages[, scratch]); the first row of each group is the kernel's default. The chunked kernel's rows
-#: are gpu_check's tile sweep.
-TABLE = [
-    ("wide", 1, 80, 2, 32, 16, 8, True, None, 3),
-    *[("wide", 1, 80, 2, p, 16, w, True, None, 1) for p, w in ((32, 8), (16, 8), (64, 8), (128, 8), (32, 16),
-                                                              (32, 4))],
-    ("wide", 1, 80, 2, 32, 16, 8, False, None, 1), ("wide", 1, 80, 2, 32, 16, 8, True, 128, 1),
-    ("wide", 1, 80, 2, 32, 16, 4, True, 128, 1), ("wide", 1, 80, 2, 32, 16, 8, True, None, 2),
-    ("wide", 1, 80, 2, 32, 16, 8, True, 128, 2),
-    ("wide", 5, 100, 2, 32, 16, 8, True, None, 3), ("wide", 1, 80, 0, 16, 16, 8, True, None, 3),
-    ("wide", 1, 80, 2, 32, 16, 8, True, None, 3, "lean"), ("wide", 1, 80, 2, 32, 16, 8, True, None, 4, "lean"),
-    ("wide", 5, 100, 2, 32, 16, 8, True, None, 3, "lean"), ("wide", 1, 80, 0, 16, 16, 8, True, None, 3, "lean"),
-    *[("chunked", 1, 80, 2, p, k, w, True, None, 1) for p, k, w in ((32, 16, 8), (16, 16, 8), (64, 16, 8),
-                                                                   (32, 32, 8), (32, 16, 4))],
-    ("chunked", 5, 100, 2, 32, 16, 8, True, None, 1), ("chunked", 1, 80, 0, 16, 16, 8, True, None, 1),
-]
+#: The configurations of the table: (shots, m, precision, warps, pipeline stages); the first row is the default
+#: (8 warps, 3 stages), then the launch settings around it that the H100 sweeps timed or left open, the 5-shot shape
+#: and fp32 (docs/lab/gpu-kernel.md).
+TABLE = [(1, 80, 2, 8, 3), (1, 80, 2, 8, 1), (1, 80, 2, 8, 2), (1, 80, 2, 8, 4), (1, 80, 2, 4, 1), (1, 80, 2, 4, 3),
+         (1, 80, 2, 4, 4), (1, 80, 2, 16, 3), (5, 100, 2, 8, 3), (1, 80, 0, 8, 3)]
 
 
 def main() -> None:
     """Print, for each configuration of :data:`TABLE`, its sm_90 resources and the estimated warp instructions of
     one Adam step of one task (all warps; per warp: barriers, tensor-core instructions)."""
-    print("| kernel | shots | m | precision | BLOCK_P | BLOCK_K | warps | Adam | register cap | stages | scratch "
-          "| registers | spill stores (B) | shared (KB) | instructions per Adam step | barriers per warp "
-          "| tensor-core per warp |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for kernel, shots, m, precision, block_p, block_k, warps, exact, cap, stages, *rest in TABLE:
-        scratch = rest[0] if rest else "full"
-        options = dict(m=m, block_p=block_p, block_k=block_k, num_warps=warps, precision=precision, kernel=kernel,
-                       exact_adam=exact, max_registers=cap, num_stages=stages, scratch=scratch)
+    from lightning_putm.methods.putm.triton_engine import pair_tile
+
+    print("| shots | m | precision | BLOCK_P | warps | stages | registers | spill stores (B) | shared (KB) "
+          "| instructions per Adam step | barriers per warp | tensor-core per warp |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for shots, m, precision, warps, stages in TABLE:
+        options = dict(m=m, precision=precision, num_warps=warps, num_stages=stages)
         usage = sm90_resources(**options)  # type: ignore[arg-type]
         try:
             estimate: dict[str, int | str] = dict(sm90_instruction_estimate(**options))  # type: ignore[arg-type]
         except RuntimeError:  # loops not matched (see count_adam_step): no estimate rather than a wrong one
             estimate = {"total": "—", "barriers": "—", "tensor core": "—"}
-        print(f"| {kernel} | {shots} | {m} | {'bf16' if precision == 2 else 'fp32'} | {block_p} | "
-              f"{block_k if kernel == 'chunked' else '—'} | {warps} | {'exact' if exact else 'fast'} | "
-              f"{cap or '—'} | {stages} | {scratch if kernel == 'wide' else '—'} | {usage['registers']} | "
-              f"{usage['spill_store_bytes']} | "
+        print(f"| {shots} | {m} | {'bf16' if precision == 2 else 'fp32'} | {pair_tile(precision)} | {warps} | "
+              f"{stages} | {usage['registers']} | {usage['spill_store_bytes']} | "
               f"{usage['shared_bytes'] / 1024:.0f} | {_thousands(estimate['total'])} | "
               f"{_thousands(estimate['barriers'])} | {_thousands(estimate['tensor core'])} |", flush=True)
 
@@ -382,7 +356,7 @@ def _thousands(value: int | str) -> str:
 
 
 def print_breakdown(rows: int = 12) -> None:
-    """The default wide kernel's :func:`sm90_instruction_breakdown` as a markdown table (the ``rows`` largest)."""
+    """The default configuration's :func:`sm90_instruction_breakdown` as a markdown table (the ``rows`` largest)."""
     breakdown = sm90_instruction_breakdown()
     total = sum(row["per warp"] for row in breakdown)  # type: ignore[misc]
     groups = [*OPCODE_GROUPS, "integer and control"]
