@@ -150,7 +150,7 @@ def cmd_speed(args: argparse.Namespace) -> int:
 def cmd_gradients(args: argparse.Namespace) -> int:
     """One Adam step of 8 tasks (1-shot shape): the kernel against the emulation run on the same GPU and the fused
     engine in bf16 and fp32 (relative L2 differences of the gradient, read from Adam's first moment)."""
-    from lightning_putm.methods.putm.engines import FusedTrainer
+    from lightning_putm.methods.putm.engines import FusedEngine
     from lightning_putm.methods.putm.hopper.emulate import EmulatedEngine
     from lightning_putm.methods.putm.navigator import Navigator
     from lightning_putm.methods.putm import PUTMSettings
@@ -167,8 +167,8 @@ def cmd_gradients(args: argparse.Namespace) -> int:
                              torch.device("cuda"), torch.float32, 0.01, requires_grad=False)
 
         engines = {"kernel": kernel, "emulation": EmulatedEngine(fresh(), settings),
-                   "fused bf16": FusedTrainer(fresh(), settings, torch.bfloat16),
-                   "fused fp32": FusedTrainer(fresh(), settings, torch.float32)}
+                   "fused bf16": FusedEngine(fresh(), settings, torch.bfloat16),
+                   "fused fp32": FusedEngine(fresh(), settings, torch.float32)}
         grads, pis = {}, {}
         for name, engine in engines.items():
             engine.navigator.views(engine.navigator.flat)[0][-1].mul_(3000.0)
@@ -205,7 +205,7 @@ def cmd_agreement(args: argparse.Namespace) -> int:
     features = synthetic_features(dim=640)
     bank = sample_episode_bank(features.labels, 5, args.shots, 75, 2.0, args.tasks, seed=0)
     gathered = bank.gather(features.features, torch.device("cuda"))
-    name = "make_engine" if hasattr(putm_method, "make_engine") else "make_trainer"
+    name = "make_engine"
     real = getattr(putm_method, name)
 
     def solve(batch, precision: str, hopper: bool = False) -> tuple[torch.Tensor, float]:

@@ -137,11 +137,11 @@ def navigators(t: int, m: int, settings: PUTMSettings):
 def one_step(m: int, **options) -> dict[str, torch.Tensor]:
     """The gradient of one Adam step of 2 tasks (75 queries, 5 ways) from the emulation (read from Adam's first
     moment) and the fused engine in bf16 and fp32; the last layer scaled as in tests/test_putm_triton.py."""
-    from lightning_putm.methods.putm.engines import FusedTrainer
+    from lightning_putm.methods.putm.engines import FusedEngine
 
     settings = PUTMSettings(inner_steps=1, **options)
-    engines = {"fp32": FusedTrainer(navigators(2, m, settings), settings, torch.float32),
-               "bf16": FusedTrainer(navigators(2, m, settings), settings, torch.bfloat16),
+    engines = {"fp32": FusedEngine(navigators(2, m, settings), settings, torch.float32),
+               "bf16": FusedEngine(navigators(2, m, settings), settings, torch.bfloat16),
                "hopper": EmulatedEngine(navigators(2, m, settings), settings)}
     query, prototypes = rows(2, 75, m, 1), rows(2, 5, m, 2)
     out = {}
@@ -172,10 +172,10 @@ def test_the_kernels_arithmetic_gives_the_fused_engines_bf16_gradient(dim, optio
 def two_e_steps(restart: bool) -> tuple[list, list]:
     """π_f, π_b of two E-steps of 2 Adam steps (lr 0.05, prototypes moved between) from the emulation and the fused
     engine in bf16; ``restart``: the emulation's Adam step count set back to 0 before the second (the mutant)."""
-    from lightning_putm.methods.putm.engines import FusedTrainer
+    from lightning_putm.methods.putm.engines import FusedEngine
 
     settings = PUTMSettings(inner_steps=2, lr=0.05)
-    fused = FusedTrainer(navigators(2, 48, settings), settings, torch.bfloat16)
+    fused = FusedEngine(navigators(2, 48, settings), settings, torch.bfloat16)
     hopper = EmulatedEngine(navigators(2, 48, settings), settings)
     query = rows(2, 15, 48, 3)
     outs: tuple[list, list] = ([], [])
@@ -213,7 +213,7 @@ def predictions(shots: int, nudge: bool = False, hopper: bool = False, precision
     if nudge:  # every feature changed by one rounding error: the noise floor of benchmarks/crosscheck_putm.py
         batch = dataclasses.replace(batch, support=batch.support * (1 + 2**-23), query=batch.query * (1 + 2**-23))
     method = PUTM(shots=shots, balanced=False, solver="fused", precision=precision, em_steps=5, **options)
-    name = "make_engine" if hasattr(putm_method, "make_engine") else "make_trainer"
+    name = "make_engine"
     real = getattr(putm_method, name)
     if hopper:
         setattr(putm_method, name, lambda navigator, settings, dtype: EmulatedEngine(navigator, settings))
