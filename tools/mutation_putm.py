@@ -12,6 +12,9 @@ search text is not found exactly once stops the run.
     python tools/mutation_putm.py                      # all mutants, sequential
     python tools/mutation_putm.py --only rho           # mutants whose name contains "rho"
     python tools/mutation_putm.py --list               # the mutants, without running them
+    ATEN_CPU_CAPABILITY=avx2 python tools/mutation_putm.py --only "device loop"   # on another CPU code path
+
+A mutant may name its own tests (the EM loop on the device: the Triton interpreter's test, minutes per mutant).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ PRE = "lightning_putm/methods/preprocessing.py"
 TEST_FILES = ["tests/test_putm_options.py", "tests/test_putm.py", "tests/test_putm_speed_options.py",
               "tests/test_putm_compiled.py"]
 TIMEOUT_S = 600
+#: The device-loop mutants' test (it runs the Triton interpreter in child processes)
+DEVICE_LOOP_TEST = ("tests/test_putm_triton.py::test_em_loop_on_the_device_matches_the_host_loop",)
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class Mutant:
     file: str
     search: str
     replace: str
+    tests: tuple[str, ...] = ()  # the tests that must kill it, when not :data:`TEST_FILES`
 
 
 MUTANTS = [
@@ -197,6 +203,17 @@ MUTANTS = [
     Mutant("no GEMM padding (width-1 GEMV path)", PUTM + "settings.py", "GEMM_MIN_WIDTH = 8", "GEMM_MIN_WIDTH = 1"),
     Mutant("query sort not stable [equivalent?]", PUTM + "query_order.py", "dim=1, stable=True)", "dim=1, stable=False)"),
     Mutant("QR forms Q as well (mode reduced) [equivalent?]", PRE, 'mode="r").R', 'mode="reduced").R'),
+    # --- the EM loop on the device (solver=triton), against the host's loop
+    Mutant("device loop: no final E-step", PUTM + "triton_engine.py",
+           "        forward, _ = self.launch(query, prototypes, cost)  # the final E-step; a settled task keeps its own rows\n",
+           "", DEVICE_LOOP_TEST),
+    Mutant("device loop: M-step kernel stores zero costs", PUTM + "triton_em.py",
+           "tl.store(cost_ptr + pi, tl.sum(difference * difference, axis=1), mask=is_query)",
+           "tl.store(cost_ptr + pi, tl.sum(difference * difference, axis=1) * 0.0, mask=is_query)", DEVICE_LOOP_TEST),
+    Mutant("device loop: finished tasks run on", PUTM + "triton_em.py", "if tl.load(final_ptr + t) != 0:  # that E-step",
+           "if tl.load(final_ptr + t) > 1:  # that E-step", DEVICE_LOOP_TEST),
+    Mutant("device loop: EM steps recorded one short", PUTM + "triton_em.py", "tl.store(em_steps_ptr + t, step + 1)",
+           "tl.store(em_steps_ptr + t, step)", DEVICE_LOOP_TEST),
 ]
 
 
@@ -219,10 +236,11 @@ def apply(root: Path, mutant: Mutant) -> str:
     return original
 
 
-def run_tests(root: Path) -> tuple[bool, str]:
-    """``(killed, by which test)``: the PUTM test files in the copy, stopping at the first failure."""
+def run_tests(root: Path, tests: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """``(killed, by which test)``: ``tests`` (default: the PUTM test files) in the copy, stopping at the first
+    failure."""
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-x", "-q", *TEST_FILES]
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-x", "-q", *(tests or TEST_FILES)]
     try:
         result = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -255,14 +273,15 @@ def main(argv: list[str] | None = None) -> int:
         copy_repository(root)
         for mutant in mutants:  # check that every mutant applies before spending time on any
             (root / mutant.file).write_text(apply(root, mutant))
-        killed, by = run_tests(root)
-        if killed:
-            raise SystemExit(f"the unmutated copy fails its tests ({by}); fix that first")
+        for tests in dict.fromkeys(m.tests for m in mutants):
+            killed, by = run_tests(root, tests)
+            if killed:
+                raise SystemExit(f"the unmutated copy fails its tests ({by}); fix that first")
         for index, mutant in enumerate(mutants, 1):
             original = apply(root, mutant)
             try:
                 began = time.time()
-                killed, by = run_tests(root)
+                killed, by = run_tests(root, mutant.tests)
             finally:
                 (root / mutant.file).write_text(original)
             rows.append((mutant.name, mutant.file.removeprefix("lightning_putm/methods/"), by))
