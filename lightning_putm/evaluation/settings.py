@@ -301,7 +301,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     name = run_name(None if cfg.get("name") in (None, "") else str(cfg.name), source)
     for key in ("refresh_features", "plots", "progress", "allow_pickle"):
         flag(cfg[key], key)
-    choice(cfg.logger, "logger", LOGGERS)
+    choice(cfg.logger, "logger", tuple(LOGGERS))
     wandb = to_container(cfg.wandb)
     check_wandb_mode(wandb.get("mode"), str(cfg.logger))
     plot_task = integer(cfg.plot_task, "plot_task", 0)
