@@ -59,7 +59,11 @@ def run_cli(main: Callable[[Sequence[str]], object], argv: Sequence[str] | None 
         else:
             from lightning_putm.help import job_help  # only for --help: reads every config file
 
-            print(job_help(job, main.__doc__ or ""))
+            try:
+                print(job_help(job, main.__doc__ or "", args))
+            except LightningPutmError as exc:  # a plugin that cannot be imported
+                print(f"error: {user_message(exc)}", file=sys.stderr)
+                return EXIT_USER_ERROR
         return 0
     try:
         main(args)

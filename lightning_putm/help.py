@@ -17,9 +17,10 @@ from typing import Any, Sequence
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lightning_putm.config import command_line_value, conf_dir, group_options
-from lightning_putm.methods.catalog import method_settings
+from lightning_putm.config import Overrides, command_line_value, conf_dir, group_options, resolve_override_value
+from lightning_putm.methods.catalog import available_methods, method_defaults, method_settings
 from lightning_putm.methods.options import config_fields
+from lightning_putm.methods.registry import PLUGINS_KEY, import_plugins
 
 KEY_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w]*):(?P<rest>.*)$")
 COMMENT_LINE = re.compile(r"^\s*#\s?(?P<text>.*)$")
@@ -38,7 +39,8 @@ KEY_TYPES = {
     # evaluate.py
     "checkpoint": "path", "pretrained_file": "path", "data": "name", "backbone": "name|auto",
     "feature_cache_dir": "path",
-    "features": "path|auto", "base_features": "path|auto", "queries": "int", "tasks": "int|auto",
+    "features": "path|auto", "base_features": "path|auto", "queries": "int", "query_classes": "int|list",
+    "tasks": "int|auto",
     "memory_budget_mb": "int|auto", "name": "str", "output_dir": "path|auto", "trainer.devices": "int|auto",
     "wandb.entity": "str", "wandb.name": "str", "wandb.group": "str", "wandb.dir": "path", "wandb.mode": "str",
     # evaluate.py predict
@@ -131,11 +133,17 @@ def value_type(dotted: str, value: Any) -> str:
     return type_name(value)
 
 
+def method_source(method: str) -> str:
+    """Where a method without a config file declares its options: its settings dataclass's module and name."""
+    settings = method_settings(method)
+    return "no options" if settings is None else f"{settings.__module__}.{settings.__qualname__}"
+
+
 def method_comments(method: str, path: Path) -> dict[str, str]:
-    """The comments of ``conf/method/<method>.yaml`` by ``method.<method>.<key>``; a key without one gets the
-    one-line help its settings dataclass declares."""
+    """The comments of ``conf/method/<method>.yaml`` by ``method.<method>.<key>``; a key without one (or a method
+    without a file) gets the one-line help its settings dataclass declares."""
     prefix = f"method.{method}."
-    comments = yaml_comments(path, prefix)
+    comments = yaml_comments(path, prefix) if path.is_file() else {}
     settings = method_settings(method)
     for found in config_fields(settings) if settings is not None else []:
         if not comments.get(prefix + found.name):
@@ -239,9 +247,13 @@ def usage(lines: Sequence[tuple[str, str]], width: int | None = None) -> str:
     return "\n".join(out)
 
 
-def job_help(job: str, summary: str) -> str:
-    """The full ``--help`` of ``evaluate`` or ``train_backbone``."""
+def job_help(job: str, summary: str, arguments: Sequence[str] = ()) -> str:
+    """The full ``--help`` of ``evaluate`` or ``train_backbone``; a ``plugins=[...]`` among ``arguments`` is imported
+    first, so the methods it registers are listed with the built-ins."""
     width = help_width()
+    plugins = Overrides.parse([a for a in arguments if a.startswith(f"{PLUGINS_KEY}=")]).last(PLUGINS_KEY)
+    if plugins is not None:
+        import_plugins(resolve_override_value(plugins))
     folder = conf_dir()
     main = OmegaConf.load(folder / f"{job}.yaml")
     comments = yaml_comments(folder / f"{job}.yaml")
@@ -253,12 +265,14 @@ def job_help(job: str, summary: str) -> str:
     body += ["", *_wrap(f"Keys of conf/{job}.yaml (key, type, default, meaning):", width, 2, 0),
              format_rows(rows(main, comments, ""), width)]
     for group, key in groups.items():
-        for name in group_options(group):
+        names = available_methods() if group == "method" else group_options(group)
+        for name in names:
             path = folder / group / f"{name}.yaml"
-            node = OmegaConf.load(path)
+            node = OmegaConf.load(path) if path.is_file() else OmegaConf.create(method_defaults(name))
             prefix = f"method.{name}." if group == "method" else f"{key}."
-            title = f"method.{name}.<key>=value (conf/method/{name}.yaml):" if group == "method" else \
-                f"{key}={name} (conf/{group}/{name}.yaml) sets {key}.<key>:"
+            where = f"conf/{group}/{name}.yaml" if path.is_file() else method_source(name)
+            title = f"method.{name}.<key>=value ({where}):" if group == "method" else \
+                f"{key}={name} ({where}) sets {key}.<key>:"
             body += ["", *_wrap(title, width, 2, 0)]
             comments = method_comments(name, path) if group == "method" else yaml_comments(path, prefix)
             body.append(format_rows(rows(node, comments, prefix), width))

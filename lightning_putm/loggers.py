@@ -18,7 +18,14 @@ from typing import Any, Callable
 from lightning_putm.atomic import atomic_write_text
 from lightning_putm.errors import ConfigError
 
-LOGGERS = ("auto", "wandb", "csv", "none")
+#: The loggers every job takes (``logger=<name>``; evaluate.py and train_backbone.py check against this one table),
+#: each with what it does; :func:`build_logger` builds them.
+LOGGERS: dict[str, str] = {
+    "auto": "wandb when the wandb package is installed, else none",
+    "wandb": "a W&B run (online with credentials, else offline; wandb.* settings)",
+    "csv": "Lightning's CSV logger in the run folder",
+    "none": "no logger",
+}
 WANDB_MODES = ("online", "offline", "disabled", "dryrun", "run")
 
 
@@ -88,7 +95,7 @@ def build_logger(kind: str, save_dir: Path, options: dict[str, Any], run_name: s
     ``wandb agent``) wins over the record.
     """
     if kind not in LOGGERS:
-        raise ConfigError(f"logger must be one of {', '.join(LOGGERS)}, got {kind!r}")
+        raise ConfigError(f"logger must be one of {', '.join(LOGGERS)}, got {kind!r}")  # the jobs checked it
     if kind == "auto":
         kind = "wandb" if wandb_available() else "none"
     if kind == "none":

@@ -216,7 +216,7 @@ def test_config_overrides_and_strict_keys() -> None:
                          (["backbone.dropout=0.1"], "unknown config key 'backbone.dropout'"),  # conv4 has none
                          (["data=imagenet"], "unknown data 'imagenet'"),
                          (["backbone=vgg"], "unknown backbone 'vgg'"),
-                         (["trainer.logger=true"], "use logger=csv|wandb|none"),
+                         (["trainer.logger=true"], "use logger=auto|wandb|csv|none"),
                          (["trainer.callbacks=[]"], "set by train_backbone.py"),
                          (["data.name=cub"], "data=<name>")]:
         with pytest.raises(ConfigError, match=message):

@@ -101,7 +101,7 @@ LIGHT: list[tuple[list[Any], int, str]] = [
     (["console", ["fit-unem", "--help"]], 0, "usage: lightning-putm fit-unem"),
 ]
 #: The control, last: the method classes do import torch, so the probe sees a heavy import when there is one.
-CONTROL = ["exec", "import lightning_putm.methods.registry"]
+CONTROL = ["exec", "import lightning_putm.methods.registry as r; r.load_methods()"]
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ NOT_CALLBACK_KEYS = {
     "name": "names evaluate.py's run folder; give output_dir=<folder> instead",
     "verbose": "is evaluate.py's console option",
     "debug": "is evaluate.py's console option",
+    "plugins": "imports modules for evaluate.py; in your own script, import the module that registers your method",
     "method": "is method_params here: method_params={'putm': {'rho': 0.7}} is evaluate.py's method.putm.rho=0.7",
 }
 

@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from lightning_putm.atomic import atomic_savefig
-from lightning_putm.methods import method_display_name
+from lightning_putm.methods import method_display_name, method_order
 
 
 BALANCED = "balanced"
@@ -99,11 +99,6 @@ PALETTE: tuple[str, ...] = ("#D55E00", "#0072B2", "#000000", "#E69F00", "#CC79A7
 MARKERS: tuple[str, ...] = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "p", "d", "*", "H", "8")
 
 
-#: Fixed slots of the built-in methods, so a method keeps its colour and marker in every figure and every run.
-METHOD_ORDER: tuple[str, ...] = ("putm", "ptmap", "simpleshot", "alpha_tim", "tim", "bdcspn", "laplacianshot",
-                                 "ilpc", "bavardage", "protonet", "alpha_am", "unem")
-
-
 @contextmanager
 def paper_style(**overrides: Any) -> Iterator[None]:
     """Apply :data:`PAPER_RC` inside the block (plus ``overrides``: rc names, e.g. ``**{"font.size": 9}``) and
@@ -128,14 +123,16 @@ class MethodStyle:
 def method_styles(methods: Sequence[str | tuple[str, bool]]) -> dict[tuple[str, bool], MethodStyle]:
     """Colour and marker per ``(method code name, oracle_prior)``.
 
-    Built-in methods take fixed slots (:data:`METHOD_ORDER`), others the free slots in order of appearance, so
+    Registered methods take fixed slots (their classes' ``plot_slot``: :func:`~lightning_putm.methods.method_order`),
+    others the free slots in order of appearance, so
     the same method looks the same in every figure. An oracle-prior result shares its method's colour and
     marker but is drawn dashed with open markers: it is the same method given information a fair run lacks.
     """
     keys = [(m, False) if isinstance(m, str) else (str(m[0]), bool(m[1])) for m in methods]
     names = list(dict.fromkeys(name for name, _ in keys))
-    slot = {name: METHOD_ORDER.index(name) for name in names if name in METHOD_ORDER}
-    free_slots = (i for i in range(len(names) + len(METHOD_ORDER)) if i not in slot.values())
+    order = method_order()
+    slot = {name: order.index(name) for name in names if name in order}
+    free_slots = (i for i in range(len(names) + len(order)) if i not in slot.values())
     for name in names:
         if name not in slot:
             slot[name] = next(free_slots)

@@ -21,10 +21,11 @@ from lightning_putm.config import (Override, Overrides, apply_overrides, apply_t
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.evaluation.presets import PRESET_KEY, apply_presets
 from lightning_putm.loggers import LOGGERS, check_wandb_mode
-from lightning_putm.methods.catalog import available_methods, check_method_options
+from lightning_putm.methods.catalog import available_methods, check_method_options, known_method, method_configs
+from lightning_putm.methods.registry import PLUGINS_KEY, import_plugins
 from lightning_putm.models.timm_names import check_model_name, timm_model_name
 from lightning_putm.runs import run_name
-from lightning_putm.validators import (alpha_label, as_list, choice, did_you_mean, distinct, flag, integer, is_number,
+from lightning_putm.validators import (alpha_label, as_list, choice, did_you_mean, distinct, flag, integer,
                                        memory_budget, parse_alpha, parse_query_classes, protocol_flags)
 
 if TYPE_CHECKING:  # torch and the methods load once the settings are valid: errors and --help come without them
@@ -104,11 +105,16 @@ def load_evaluate_config(overrides: Iterable[str | Override] = ()) -> DictConfig
     data_name, overrides = overrides.pop("data")
     trainer_overrides, overrides = overrides.partition(is_trainer_override)
     cfg = load_yaml(conf_dir() / "evaluate.yaml")
-    cfg.method = {name: load_group("method", name) for name in group_options("method")}
+    saved = None
     if saved_path is not None:  # re-run a recorded run: its config.yaml is the base, overrides still apply
         if not Path(saved_path).is_file():
             raise ConfigError(f"config={saved_path}: file not found; give the config.yaml saved in a run folder")
         saved = load_yaml(Path(saved_path))
+    plugins = overrides.last(PLUGINS_KEY)  # first: the methods they register are named below
+    import_plugins(resolve_override_value(plugins) if plugins is not None
+                   else saved.get(PLUGINS_KEY) if saved is not None else cfg.get(PLUGINS_KEY))
+    cfg.method = method_configs()
+    if saved is not None:
         data_name = data_name or (str(saved.data.name) if "data" in saved and "name" in saved.data else None)
         if "checkpoint" in saved and saved.checkpoint and overrides.last("checkpoint") is None:
             overrides = Overrides([Override("checkpoint", str(saved.checkpoint), str(saved.checkpoint))]) + overrides
@@ -218,36 +224,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def check_method_params(cfg: DictConfig, methods: list[str]) -> None:
-    """Each ``method.<name>.<key>`` must have the type of its default in ``conf/method/<name>.yaml``."""
-    for name in methods:
-        defaults = load_group("method", name)
-        for key, value in cfg.method[name].items():
-            default = defaults.get(key)
-            where = f"method.{name}.{key}"
-            if default is None or value is None:
-                continue
-            if isinstance(default, bool):
-                if not isinstance(value, bool):
-                    raise ConfigError(f"`{where}` must be true or false, got {value!r}")
-            elif isinstance(default, (int, float)):
-                if not is_number(value):
-                    raise ConfigError(f"`{where}` must be a number (default {default}), got {value!r}")
-                if isinstance(default, int) and not isinstance(value, int):
-                    raise ConfigError(f"`{where}` must be an integer (default {default}), got {value!r}")
-            elif isinstance(default, str) and not isinstance(value, str):
-                raise ConfigError(f"`{where}` must be text (default {default!r}), got {value!r}")
-            elif OmegaConf.is_list(default) and not OmegaConf.is_list(value):
-                raise ConfigError(f"`{where}` must be a list like {to_container(default)}, got {value!r}")
-
-
 def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     """Validate the merged config; every problem is a :class:`ConfigError` naming the key."""
     methods = [str(m) for m in as_list(cfg.methods)]
     if not methods:
         raise ConfigError(f"`methods` is empty; choose from {', '.join(available_methods())}")
     for name in methods:
-        if name not in available_methods():
+        if not known_method(name):
             raise ConfigError(f"unknown method {name!r}; {did_you_mean(name, available_methods())}available methods: "
                               f"{', '.join(available_methods())}")
     distinct(methods, "methods")
@@ -303,7 +286,6 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     if cfg.output_dir is None or str(cfg.output_dir).strip() in ("", "None", "null"):
         raise ConfigError("`output_dir` must be a folder path or auto (a new run folder), e.g. output_dir=outputs/mine")
     output_dir = None if str(cfg.output_dir) == "auto" else Path(str(cfg.output_dir))
-    check_method_params(cfg, methods)
     method_params = {name: method_arguments(to_container(cfg.method[name])) for name in methods if name in cfg.method}
     flags = protocol_flags(alphas, query_classes, ways)  # each bank: balanced or not
     check_methods_options(methods, method_params, [int(s) for s in shots], flags)
@@ -319,7 +301,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     name = run_name(None if cfg.get("name") in (None, "") else str(cfg.name), source)
     for key in ("refresh_features", "plots", "progress", "allow_pickle"):
         flag(cfg[key], key)
-    choice(cfg.logger, "logger", LOGGERS)
+    choice(cfg.logger, "logger", tuple(LOGGERS))
     wandb = to_container(cfg.wandb)
     check_wandb_mode(wandb.get("mode"), str(cfg.logger))
     plot_task = integer(cfg.plot_task, "plot_task", 0)

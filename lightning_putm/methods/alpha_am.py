@@ -49,6 +49,7 @@ from lightning_putm.methods.peer_settings import AlphaAMSettings
 from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch
+from lightning_putm.methods.registry import register_method
 
 #: The reference's guards: ``log(p + 1e-12)`` in the cross-entropy, ``(p + 1e-12)^α`` in the conditional
 #: α-entropy, ``1/sqrt(D + 1e-12)`` for the degrees.
@@ -98,11 +99,12 @@ def tsallis(p: torch.Tensor, alpha: float, eps: float = 0.0, integer_powers: boo
     return (1.0 - (p + eps).pow(alpha).sum(-1)) / (alpha - 1.0)
 
 
+@register_method("alpha_am")
 class AlphaAM(FewShotMethod):
     """α-AM: learn class centroids and a kNN manifold so that label propagation from the centroids fits the
     support labels and gives confident, α-entropy-spread query predictions (Lazarou et al., WACV 2024)."""
 
-    name = "alpha_am"
+    plot_slot = 10  # its colour and marker in every figure
     display_name = "α-AM"
     Settings = AlphaAMSettings
 

@@ -65,7 +65,11 @@ def release_cached_memory(device: torch.device) -> None:
 class FewShotMethod(ABC):
     """Base class: subclasses implement :meth:`solve` for one chunk of tasks."""
 
+    #: The config name, set by ``@register_method("<name>")`` (:mod:`~lightning_putm.methods.registry`).
     name: ClassVar[str] = "method"
+    #: Its place in every figure's colours and markers (:func:`~lightning_putm.methods.registry.method_order`); a
+    #: method without one takes a free slot after the built-ins.
+    plot_slot: ClassVar[float] = math.inf
     #: How figures and docs print the method (e.g. ``α-TIM`` for ``alpha_tim``); empty = use ``name``.
     display_name: ClassVar[str] = ""
     #: True when the method needs the class marginal and may receive true counts under ``oracle_prior``.

@@ -64,6 +64,7 @@ from lightning_putm.methods.peer_settings import BAVARDAGESettings
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch, weighted_class_means
+from lightning_putm.methods.registry import register_method
 
 
 # ----------------------------------------------------------------------------------------- base statistics
@@ -178,10 +179,11 @@ def expected_log_likelihood(z: torch.Tensor, means: torch.Tensor, beta: torch.Te
 
 
 # ----------------------------------------------------------------------------------------- method
+@register_method("bavardage")
 class BAVARDAGE(FewShotMethod):
     """BAVARDAGE with a flat Dirichlet prior (fair default), or labelled oracle priors."""
 
-    name = "bavardage"
+    plot_slot = 8  # its colour and marker in every figure
     display_name = "BAVARDAGE"
     uses_base_mean = True
     uses_class_prior = True  # under oracle_prior: the true query proportions become fixed class weights

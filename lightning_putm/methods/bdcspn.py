@@ -42,6 +42,7 @@ from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.peer_settings import BDCSPNSettings
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
+from lightning_putm.methods.registry import register_method
 
 
 def cosine(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
@@ -117,8 +118,9 @@ def rectify_prototypes(
     return weights.transpose(1, 2).bmm(rows)
 
 
+@register_method("bdcspn")
 class BDCSPN(FewShotMethod):
-    name = "bdcspn"
+    plot_slot = 5  # its colour and marker in every figure
     display_name = "BD-CSPN"
     uses_base_mean = True
     Settings = BDCSPNSettings

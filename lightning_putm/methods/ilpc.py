@@ -71,6 +71,7 @@ from lightning_putm.methods.peer_settings import ILPCSettings
 from lightning_putm.methods.preprocessing import POWER_EPS, l2_normalise
 from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch
+from lightning_putm.methods.registry import register_method
 
 
 def signed_power(x: torch.Tensor, beta: float) -> torch.Tensor:
@@ -142,10 +143,11 @@ def select_per_class(loss: torch.Tensor, labels: torch.Tensor, candidates: torch
     return chosen.any(1)
 
 
+@register_method("ilpc")
 class ILPC(FewShotMethod):
     """iLPC: kNN label propagation + (optional) Sinkhorn balancing + loss-based label cleaning."""
 
-    name = "ilpc"
+    plot_slot = 7  # its colour and marker in every figure
     display_name = "iLPC"
     uses_class_prior = True  # the balancing marginal; true counts only under the explicit oracle switch
     Settings = ILPCSettings

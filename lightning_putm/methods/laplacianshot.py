@@ -51,6 +51,7 @@ from lightning_putm.methods.peer_settings import LaplacianShotSettings
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch
+from lightning_putm.methods.registry import register_method
 
 
 def knn_affinity(x: torch.Tensor, knn: int, symmetric: bool = False) -> torch.Tensor:
@@ -78,8 +79,9 @@ def laplacian_energy(y: torch.Tensor, unary: torch.Tensor, affinity: torch.Tenso
     return entropy + (unary * y).sum((1, 2)) - pairwise_scale * lmd * pairwise
 
 
+@register_method("laplacianshot")
 class LaplacianShot(FewShotMethod):
-    name = "laplacianshot"
+    plot_slot = 6  # its colour and marker in every figure
     display_name = "LaplacianShot"
     uses_base_mean = True
     Settings = LaplacianShotSettings

@@ -14,10 +14,12 @@ from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.peer_settings import ProtoNetSettings
 from lightning_putm.methods.preprocessing import squared_distances
 from lightning_putm.tasks import TaskBatch
+from lightning_putm.methods.registry import register_method
 
 
+@register_method("protonet")
 class ProtoNet(FewShotMethod):
-    name = "protonet"
+    plot_slot = 9  # its colour and marker in every figure
     display_name = "ProtoNet"
     Settings = ProtoNetSettings
 

@@ -28,6 +28,7 @@ from lightning_putm.methods.peer_settings import PTMAPSettings
 from lightning_putm.methods.preprocessing import check_power_transform_input, l2_normalise, power_transform, qr_reduce
 from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch, weighted_class_means
+from lightning_putm.methods.registry import register_method
 
 
 def sinkhorn(
@@ -62,10 +63,11 @@ def sinkhorn(
     return plan
 
 
+@register_method("ptmap")
 class PTMAP(FewShotMethod):
     """PT-MAP with the uniform class marginal (or the true counts under the oracle prior)."""
 
-    name = "ptmap"
+    plot_slot = 1  # its colour and marker in every figure
     display_name = "PT-MAP"
     uses_class_prior = True
     Settings = PTMAPSettings

@@ -17,10 +17,12 @@ from lightning_putm.methods.base import FewShotMethod, nearest_mean_probabilitie
 from lightning_putm.methods.peer_settings import SimpleShotSettings
 from lightning_putm.methods.preprocessing import cl2n
 from lightning_putm.tasks import TaskBatch
+from lightning_putm.methods.registry import register_method
 
 
+@register_method("simpleshot")
 class SimpleShot(FewShotMethod):
-    name = "simpleshot"
+    plot_slot = 2  # its colour and marker in every figure
     display_name = "SimpleShot"
     uses_base_mean = True
     Settings = SimpleShotSettings

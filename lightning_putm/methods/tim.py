@@ -30,6 +30,7 @@ from lightning_putm.methods.peer_settings import AlphaTIMSettings, TIMSettings
 from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch
+from lightning_putm.methods.registry import register_method
 
 
 def shannon_entropy(p: torch.Tensor) -> torch.Tensor:
@@ -71,10 +72,11 @@ def _adam(weights: torch.Tensor, lr: float) -> torch.optim.Adam:
         return torch.optim.Adam([weights], lr=lr)
 
 
+@register_method("tim")
 class TIMGD(FewShotMethod):
     """TIM-GD: gradient descent on the mutual-information objective (Shannon entropies)."""
 
-    name = "tim"
+    plot_slot = 4  # its colour and marker in every figure
     display_name = "TIM"
     Settings = TIMSettings
 
@@ -133,10 +135,11 @@ class TIMGD(FewShotMethod):
         return probs
 
 
+@register_method("alpha_tim")
 class AlphaTIM(TIMGD):
     """α-TIM: TIM-GD with Tsallis α-entropies for the marginal and conditional terms."""
 
-    name = "alpha_tim"
+    plot_slot = 3  # its colour and marker in every figure
     display_name = "α-TIM"
 
     Settings = AlphaTIMSettings  # type: ignore[assignment]

@@ -51,6 +51,7 @@ from lightning_putm.methods.preprocessing import l2_normalise
 from lightning_putm.methods.unem_presets import PUBLISHED
 from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch, weighted_class_means
+from lightning_putm.methods.registry import register_method
 
 #: The ``+ 1e-6`` inside the log of the class proportions (reference ``V = log(U.sum(1)/n_query + 1e-6) + 1``).
 PROPORTION_EPS = 1e-6
@@ -189,10 +190,11 @@ def unem_forward(support: torch.Tensor, support_one_hot: torch.Tensor, query: to
     return assignments
 
 
+@register_method("unem")
 class UNEM(FewShotMethod):
     """UNEM-Gaussian (Zhou et al., CVPR 2025): an unrolled, learned generalized EM for imbalanced query sets."""
 
-    name = "unem"
+    plot_slot = 11  # its colour and marker in every figure
     display_name = "UNEM"
     Settings = UNEMSettings
 

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omegaconf import DictConfig
 
-from lightning_putm.config import (Override, Overrides, apply_overrides, conf_dir, group_options, load_group,
+from lightning_putm.config import (Override, Overrides, apply_overrides, conf_dir,
                                    load_yaml, to_container)
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.presets import apply_presets
-from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, check_method_params, method_arguments, resolve_device
+from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, method_arguments, resolve_device
 from lightning_putm.help import format_rows, help_width, paragraph, rows, usage, yaml_comments
-from lightning_putm.methods.catalog import available_methods, check_method_options
+from lightning_putm.methods.catalog import available_methods, check_method_options, known_method, method_configs
 from lightning_putm.models.timm_names import check_model_name, timm_model_name
 from lightning_putm.validators import did_you_mean, integer, memory_budget
 
@@ -78,10 +78,10 @@ def load_predict_config(overrides: Iterable[str | Override]) -> tuple[DictConfig
     chosen, overrides = Overrides.parse(overrides).pop("method")
     cfg = load_yaml(conf_dir() / "predict.yaml")
     name = str(cfg.method) if chosen is None else chosen
-    if name not in available_methods():
+    if not known_method(name):
         raise ConfigError(f"unknown method {name!r}; {did_you_mean(name, available_methods())}available methods: "
                          f"{', '.join(available_methods())}")
-    cfg.method = {n: load_group("method", n) for n in group_options("method")}
+    cfg.method = method_configs()
     cfg, overrides = apply_presets(cfg, overrides)
     return apply_overrides(cfg, overrides), name
 
@@ -119,7 +119,6 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
         if pretrained_file is not None and not pretrained_file.is_file():
             raise ConfigError(f"pretrained_file={pretrained_file}: file not found; give the weights file of "
                               f"timm:{timm_model}, or drop it to use timm's hub cache")
-    check_method_params(cfg, [method])
     params = method_arguments(to_container(cfg.method[method]))
     check_method_options(method, params, shots=1, balanced=False)  # a bad method.<name>.* value fails now
     output = _output_path(cfg.output, "output")

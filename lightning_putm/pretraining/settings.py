@@ -21,7 +21,7 @@ from lightning_putm.data.settings import EpisodeSettings, LoaderSettings
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.settings import (EvaluationSettings, load_evaluate_config,
                                                 settings_from_config as evaluation_settings)
-from lightning_putm.loggers import check_wandb_mode
+from lightning_putm.loggers import LOGGERS, check_wandb_mode
 from lightning_putm.pretraining.choices import STAGES, check_channels_last, check_compile
 from lightning_putm.runs import LATEST, slug
 from lightning_putm.validators import choice, did_you_mean, flag, integer, mapping, number, parse_alpha, path, positive
@@ -29,7 +29,7 @@ from lightning_putm.validators import choice, did_you_mean, flag, integer, mappi
 
 #: Trainer arguments this job sets itself; use the named config keys instead.
 RESERVED_TRAINER_ARGS = {
-    "logger": "use logger=csv|wandb|none",
+    "logger": f"use logger={'|'.join(LOGGERS)}",
     "callbacks": "checkpointing callbacks are built from checkpoint_dir",
     "plugins": "the checkpoint IO plugin is fixed (atomic writes, weights_only reads)",
     "enable_checkpointing": "checkpoints are always written to checkpoint_dir",
@@ -168,7 +168,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
                                   integer=True)
     scale = cfg.head.scale
     head_scale = None if scale in (None, "auto") else float(positive(scale, "head.scale"))
-    choice(cfg.logger, "logger", ("csv", "wandb", "none"))
+    choice(cfg.logger, "logger", tuple(LOGGERS))
     wandb = mapping(cfg.wandb, "wandb")
     check_wandb_mode(wandb.get("mode"), str(cfg.logger))
     seed = integer(cfg.seed, "seed", 0)

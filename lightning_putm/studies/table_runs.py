@@ -321,11 +321,13 @@ class Table:
 
 def method_order(rows: Iterable[RowKey]) -> list[RowKey]:
     """The project's method order (unknown methods after, in name order), each oracle-prior row after its method."""
-    from lightning_putm.evaluation.plot_style import METHOD_ORDER
+    from lightning_putm.methods import method_order as registered
+
+    order = registered()
 
     def key(row: RowKey) -> tuple:
-        known = row.method in METHOD_ORDER
-        return (0 if known else 1, METHOD_ORDER.index(row.method) if known else 0, row.method, row.oracle_prior)
+        known = row.method in order
+        return (0 if known else 1, order.index(row.method) if known else 0, row.method, row.oracle_prior)
 
     return sorted(set(rows), key=key)
 

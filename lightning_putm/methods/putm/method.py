@@ -21,12 +21,14 @@ from lightning_putm.methods.putm.precision import compute_dtype, resolve_precisi
 from lightning_putm.methods.putm.settings import PUTMSettings
 from lightning_putm.methods.putm.solvers import make_engine
 from lightning_putm.tasks import TaskBatch, weighted_class_means
+from lightning_putm.methods.registry import register_method
 
 
+@register_method("putm")
 class PUTM(ChunkedSolver):
     """The CT-EM solver of PUTM, batched over tasks."""
 
-    name = "putm"
+    plot_slot = 0  # its colour and marker in every figure
     display_name = "PUTM"
     Settings = PUTMSettings
 
