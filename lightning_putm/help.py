@@ -1,9 +1,10 @@
 """``--help`` of the scripts, generated from the config files themselves so it cannot drift from them.
 
-Every key of ``conf/<job>.yaml`` and of the config groups (``conf/method/*.yaml`` as ``method.<name>.<key>``,
-``conf/data/*.yaml`` as ``data.<key>``, ``conf/backbone/*.yaml`` as ``backbone.<key>``) is listed with its type,
-its default (in full, as it is written on the command line) and the comment written beside it (which names the
-allowed values). Rows are wrapped to the terminal (at most :data:`MAX_WIDTH` characters, also when piped).
+Every key of ``conf/<job>.yaml`` and of the config groups (``conf/data/*.yaml`` as ``data.<key>``,
+``conf/backbone/*.yaml`` as ``backbone.<key>``) is listed with its type, its default (in full, as it is written on
+the command line) and the comment written beside it (which names the allowed values). A method's options
+(``method.<name>.<key>``) come from its settings dataclass: type, help and bounds as declared on the field.
+Rows are wrapped to the terminal (at most :data:`MAX_WIDTH` characters, also when piped).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lightning_putm.config import Overrides, command_line_value, conf_dir, group_options, resolve_override_value
 from lightning_putm.methods.catalog import available_methods, method_defaults, method_settings
+from lightning_putm.methods.option_pages import meaning
 from lightning_putm.methods.options import config_fields
 from lightning_putm.methods.registry import PLUGINS_KEY, import_plugins
 
@@ -140,14 +142,14 @@ def method_source(method: str) -> str:
 
 
 def method_comments(method: str, path: Path) -> dict[str, str]:
-    """The comments of ``conf/method/<method>.yaml`` by ``method.<method>.<key>``; a key without one (or a method
-    without a file) gets the one-line help its settings dataclass declares."""
+    """The meaning of each ``method.<method>.<key>``: a declared option's help and bounds from its settings
+    dataclass (the yaml's comment is written from the same field); a key that is no option (``preset``) keeps the
+    comment of ``conf/method/<method>.yaml``."""
     prefix = f"method.{method}."
     comments = yaml_comments(path, prefix) if path.is_file() else {}
     settings = method_settings(method)
     for found in config_fields(settings) if settings is not None else []:
-        if not comments.get(prefix + found.name):
-            comments[prefix + found.name] = found.spec.help
+        comments[prefix + found.name] = meaning(found)
     return comments
 
 

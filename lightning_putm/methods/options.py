@@ -3,8 +3,8 @@ bounds (or choices) and a one-line help.
 
 The dataclass is the single source: the constructor takes it (or builds it from keyword options), building it
 checks every field against its declared bounds with one wording for all methods, ``--help`` reads types and help
-from it, and ``tests/test_method_options.py`` checks that ``conf/method/<name>.yaml`` lists the same keys with the
-same defaults. Example::
+from it, and ``conf/method/<name>.yaml`` and the options table of ``docs/methods/<name>.md`` are written from it
+(:mod:`~lightning_putm.methods.option_pages`, ``tools/sync_options.py``). Example::
 
     @dataclass(frozen=True)
     class PTMAPSettings(MethodOptions):

@@ -110,8 +110,12 @@ class BDCSPNSettings(MethodOptions):
     method: ClassVar[str] = "bdcspn"
 
     variant: str = option("benchmark", choices=VARIANTS,
-                          help="benchmark = the realistic-imbalance benchmark's code (PUTM's Table 1); paper = the "
-                               "paper's rectification and cosine classifier")
+                          help="benchmark = the realistic-imbalance benchmark's code, which made the peer numbers of "
+                               "PUTM's Table 1: support + shifted queries pseudo-labelled by cosine, weights softmax "
+                               "over classes of temperature*cos averaged over each class's rows, nearest rectified "
+                               "prototype in Euclidean distance on the unshifted queries | paper = support rows by "
+                               "true label + shifted queries, weights softmax over each class's members, shifted "
+                               "queries classified by cosine")
     temperature: float = option(10.0, low=0, low_open=True,
                                 help="epsilon of the rectification weights and of the output softmax")
     top_z: int | None = option(None, low=0, null="all pseudo-labelled queries",
@@ -129,7 +133,8 @@ class LaplacianShotSettings(MethodOptions):
 
     knn: int = option(3, low=1, help="neighbourhood size counting the query itself (benchmark: 3)")
     affinity: str = option("directed", choices=AFFINITIES,
-                           help="directed = benchmark's W = A (not symmetric); symmetric = (A + A^T)/2")
+                           help="directed = benchmark's W = A (A_ij = 1 for the knn-1 nearest others of i, not "
+                                "symmetric); symmetric = (A + A^T)/2")
     lmd: float | None = option(None, low=0, by_setting="lmd_balanced on balanced tasks, else lmd_dirichlet",
                                help="Laplacian weight; null = by setting from lmd_dirichlet / lmd_balanced")
     lmd_dirichlet: tuple[float, ...] = option((1.0, 0.7), low=0, length=2,
@@ -139,9 +144,11 @@ class LaplacianShotSettings(MethodOptions):
     iterations: int = option(20, low=0, help="maximum number of bound updates")
     tol: float = option(1e-6, low=0, help="stop a task when |E_new - E_old| <= tol * |E_old|")
     energy: str = option("benchmark", choices=ENERGIES,
-                         help="stopping energy: benchmark, or half = pairwise term weighted by lmd/2")
+                         help="stopping energy: benchmark = sum y log y + sum y.a - lmd * sum w y.y; half = "
+                              "pairwise term weighted by lmd/2 (the energy the update minimises for symmetric W)")
     proto_rect: bool | None = option(None, by_setting="true on balanced tasks, false on Dirichlet tasks",
-                                     help="BD-CSPN rectified prototypes; null = on balanced tasks only (benchmark)")
+                                     help="BD-CSPN (benchmark variant) rectified prototypes instead of the support means; "
+                                          "null = on balanced tasks only (the benchmark's choice); true / false forces it")
     rect_temperature: float = option(10.0, low=0, low_open=True, help="epsilon of that rectification")
 
     def resolve(self, *, shots: int | None, balanced: bool | None) -> LaplacianShotSettings:
@@ -169,11 +176,14 @@ class ILPCSettings(MethodOptions):
 
     balance: str = option("auto", choices=BALANCE_CHOICES,
                           help="class balancing of the pseudo-labels: auto = uniform on balanced tasks, none on "
-                               "Dirichlet tasks; uniform = Sinkhorn to Q/N per class; none = argmax")
+                               "Dirichlet tasks; uniform = Sinkhorn to Q/N per class minus those moved (iLPC's; "
+                               "assumes a balanced query set); none = argmax of the propagated scores (PUTM's code). "
+                               "With oracle_prior=true the marginal is the TRUE counts (a leak; results are marked)")
     alpha: float = option(0.8, low=0, high=1, high_open=True, why="so that I - alpha*W is invertible",
                           help="label propagation alpha of (I - alpha*W)^-1 Y")
     k: int = option(20, low=1, help="kNN neighbours of the graph")
-    positive_affinity: bool = option(True, help="affinity [s]_+^gamma; false = the iLPC code's s^gamma")
+    positive_affinity: bool = option(True, help="affinity [s]_+^gamma; false = the iLPC code's s^gamma, whose "
+                                     "negative weights break tiny tasks (n <= k + 1; docs/methods/ilpc.md)")
     gamma: float = option(3.0, low=0, low_open=True, help="affinity = similarity^gamma")
     power: float = option(3.0, low=0, low_open=True, help="scores^power before Sinkhorn")
     sinkhorn_passes: int = option(1, low=1, help="power + Sinkhorn passes")
@@ -201,12 +211,15 @@ class BAVARDAGESettings(MethodOptions):
     vb_iterations: int = option(5, low=0, help="variational-Bayes EM iterations")
     beta0: float = option(10.0, low=0, low_open=True, help="prior precision factor of the class means")
     dirichlet_prior: float = option(1.0, low=0, low_open=True,
-                                    help="alpha_0 of the symmetric Dirichlet prior on the class weights (flat)")
+                                    help="alpha_0 of the symmetric Dirichlet prior on the class weights: flat, "
+                                         "protocol-independent (ours; the paper's code uses the sampling alpha: "
+                                         "oracle_dirichlet_alpha)")
     oracle_dirichlet_alpha: float | None = option(
         None, low=0, low_open=True, null="off",
         help="ORACLE: the benchmark's sampling alpha as prior; setting it marks results oracle_prior=true")
     covariance_ridge: float = option(1e-6, low=0, help="added to the base within-class scatter before inversion")
-    task_centring: bool = option(True, help="without base_features: centre on the mean of the task's own rows")
+    task_centring: bool = option(True, help="without base_features: centre on the mean of the task's own rows "
+                                   "before L2 (ours); false = plain L2N (docs/methods/bavardage.md)")
 
 
 # ------------------------------------------------------------------------ α-AM: methods/alpha_am.py
@@ -289,7 +302,8 @@ class UNEMSettings(MethodOptions):
     learned: str = option(AUTO, choices=(AUTO, *PRESETS),
                           help="parameters when params_file is null: auto = fitted on the checkpoint's validation "
                                "classes (cached), else the untrained start; a dataset_backbone = the authors' "
-                               "published values (nearest published shot count); initial = untrained t1=gamma=t2=1")
+                               "published values (nearest published shot count: 1, 5, 10, 20; far below the untrained start on "
+                               "other features); initial = untrained t1=gamma=t2=1")
     params_file: str | None = option(None, null="use learned",
                                      help="learned parameters (overrides learned): a JSON from `python -m "
                                           "lightning_putm fit-unem` (fitted on your validation classes) or "

@@ -55,31 +55,56 @@ class PUTMSettings(MethodOptions):
     inertia_one_shot: float = option(0.2, low=0, high=1, help="inertia at 1 shot")
     inertia_few_shot: float = option(0.1, low=0, high=1, help="inertia at more than 1 shot")
     support_weight: float = option(1.0, low=0, low_open=True, why="1 = the reference code",
-                                   help="M-step weight of each support row against one query's navigator mass")
+                                   help="M-step weight of each support row against one query's navigator mass; 1 = the reference "
+                                       "code; larger keeps the prototypes nearer the support means (preset support_anchored)")
     inner_steps: int = option(30, low=1, help="Adam steps per E-step")
     em_steps: int = option(50, low=0, help="EM iterations (one more E-step follows for the prediction)")
     lr: float = option(1e-3, low=0, low_open=True, help="Adam learning rate of the navigator")
     adam_betas: tuple[float, ...] = option((0.5, 0.99), low=0, high=1, high_open=True, length=2,
                                            help="Adam betas of the navigator")
     hidden: tuple[int, ...] = option((128, 64), low=1, help="navigator widths: input -> 128 -> 64 -> 1")
-    init_tasks: int = option(1000, low=1, help="T in the reference's Xavier scale sqrt(2 / (out * (in + T)))")
-    reinit_navigator: bool = option(False, help="true = paper's Algorithm 1 (new navigator every EM step)")
+    init_tasks: int = option(1000, low=1, help="T in the reference's Xavier scale sqrt(2 / (out * (in + T))); fixed, "
+                                                     "not the batch size")
+    reinit_navigator: bool = option(False, help="true = paper's Algorithm 1 (new navigator every EM step); "
+                                                        "false = reference code")
     prototype_update: str = option("forward", choices=PROTOTYPE_UPDATES,
                                    help="forward | backward | mixed (rho-weighted) navigator drives the M-step")
-    canonical_query_order: bool = option(True, help="QR the queries in a fixed order (shuffle-invariant)")
+    canonical_query_order: bool = option(True, help="QR the queries in a fixed order so shuffling queries never "
+                                                          "changes predictions")
     negative_slope: float = option(0.01, config=False, help="leaky-ReLU slope of the navigator (fixed)")
     solver: str = option("auto", choices=SOLVERS,
-                         help="auto = triton on sm_90 GPUs (H100), compiled on other CUDA devices, fused elsewhere; "
-                              "triton = fused Triton kernels, the EM loop on the device (CUDA)")
-    init_draw: str = option("cpu", choices=INIT_DRAWS, help="where the navigator's random draws are made")
-    precision: str = option("auto", choices=PRECISIONS, help="navigator products: auto | fp32 | tf32 | bf16")
+                         help="auto = triton on sm_90 GPUs (H100), compiled on other CUDA devices, fused elsewhere (CPU "
+                              "results unchanged) | fused = hand-written backward + one flat Adam update, "
+                              "bit-identical to autograd in fp32 on CPU | autograd = the plain formulation | "
+                              "compiled = fused's maths with device-side Adam counters, a torch.compile'd step and "
+                              "the Adam steps replayed as one CUDA graph; agrees with fused to float rounding | "
+                              "triton = one fused Triton kernel per E-step and an M-step kernel, the EM loop on the "
+                              "device (CUDA; TRITON_INTERPRET=1 runs it on CPU for tests). Speed: docs/gpu.md")
+    init_draw: str = option("cpu", choices=INIT_DRAWS, help="navigator draws: cpu = per-task torch.Generator on the CPU "
+                                                        "(the published numbers) | device = counter-based hash -> "
+                                                        "Box-Muller normals on the solver's device, no copies (another "
+                                                        "random draw: docs/lab/gpu-kernel.md)")
+    precision: str = option("auto", choices=PRECISIONS, help="navigator products: auto = bf16 where bf16 products "
+                         "are native (CUDA sm80+, CPU AVX512-BF16/AMX), else fp32 | fp32 = exact float32 products "
+                         "(TF32 off) | tf32 = TF32 on CUDA (= fp32 on CPU) | bf16 = bfloat16 navigator products, "
+                         "float32 weights/Adam/loss. Accuracy and speed: "
+                         "docs/methods/putm.md#precision-threads-early-stopping")
     early_stop_tol: float | None = option(None, low=0, null="off",
-                                          help="a task ends its EM loop once its prototypes move by <= tol")
-    max_chunk_tasks: int | None = option(None, low=1, null="automatic", help="cap on tasks per chunk")
+                                          help="a task ends its EM loop once max|change of its prototypes| "
+                                               "<= tol, and leaves the batch (results stay chunk-independent). "
+                                               "Accuracy and speed by tol: "
+                                               "docs/methods/putm.md#precision-threads-early-stopping")
+    max_chunk_tasks: int | None = option(None, low=1, null="automatic", help="cap on tasks per chunk; automatic = "
+                                          "from the memory budget, on CPU also at most 16 tasks per worker (cache)")
     cpu_workers: int | None = option(None, low=1, null="automatic",
-                                     help="CPU threads solving parts of a chunk concurrently")
+                                     help="CPU threads solving parts of a chunk concurrently, 1 kernel thread each; "
+                                          "automatic = torch's thread count")
     basis: str = option("auto", choices=BASES,
-                        help="per-task frame of the rows: auto = cholesky on CUDA, qr elsewhere | qr | cholesky")
+                        help="per-task frame of the rows: auto = cholesky on CUDA, qr elsewhere (CPU results "
+                             "unchanged) | qr = Householder R of X^T (the published numbers) | cholesky = Cholesky "
+                             "factor of the float64 Gram matrix XX^T, the same frame up to the sign of each "
+                             "coordinate (which PUTM never sees), in one batched call on CUDA; a task with n > d rows "
+                             "or repeated rows falls back to QR (with a warning when asked for by name). docs/gpu.md")
     # solver=triton's launch settings: not config keys (benchmarks/bench_putm.py --triton-* and the tests set them
     # on a PUTMSettings); the defaults are the measured fastest, docs/lab/gpu-kernel.md
     triton_warps: int = option(8, low=1, high=32, config=False,
