@@ -11,8 +11,8 @@ from conftest import make_clustered_features
 from lightning_putm.data.episodes import sample_episode_bank
 from lightning_putm.errors import ConfigError, FeatureError
 from lightning_putm.methods.putm import method as putm_module  # the PUTM class and the names it calls
-from lightning_putm.methods.preprocessing import (cholesky_reduce, l2_normalise, power_transform, qr_reduce,
-                                                  reduce_basis, resolve_basis)
+from lightning_putm.methods.preprocessing import (cholesky_reduce, l2_normalise, position_invariant_pow, power_transform,
+                                                  qr_reduce, reduce_basis, resolve_basis)
 from lightning_putm.methods.putm import PUTM
 
 FAST = dict(em_steps=4, inner_steps=5, cpu_workers=1)
@@ -172,3 +172,24 @@ def test_beta_one_is_no_transform_and_accepts_signed_features() -> None:
     assert power_transform(x, 1.0) is x
     with pytest.raises(FeatureError, match="non-negative"):
         power_transform(x, 0.5)
+
+
+@pytest.mark.parametrize("beta", [0.6, 0.3])
+def test_the_power_transform_gives_each_element_the_same_bits_wherever_it_sits(beta):
+    """A task's transformed features must not depend on its place in the batch, on how many elements precede it,
+    or on how ATen splits a large tensor across threads: on CPU, ATen's SIMD power and the C library's (which it
+    uses for the last elements of each range) differ in the last bit at β = 0.6, and in fp32 Adam turned that into
+    a task alone and in a batch disagreeing by 1.8e-6 (measured on an AVX-512 and an AVX2 code path; a CPU whose
+    ``precision=auto`` is fp32 failed tests/test_memory_backoff.py on it). Kills: a plain ``x.pow(beta)``."""
+    torch.manual_seed(0)
+    x = torch.rand(7, 33, 19)
+    whole = power_transform(x, beta)
+    for task in range(len(x)):
+        assert torch.equal(power_transform(x[task:task + 1], beta), whole[task:task + 1])
+    flat = whole.flatten()
+    for skip in range(70):  # any number of elements before it, including fewer than a vector
+        assert torch.equal(position_invariant_pow(x.flatten()[skip:] + 1e-6, beta), flat[skip:])
+    large = torch.rand(300_000)  # above ATen's grain size: split across threads where there are several
+    assert torch.equal(position_invariant_pow(large, beta)[123_456:123_500],
+                       position_invariant_pow(large[123_456:123_500], beta))
+    assert torch.allclose(whole, (x + 1e-6).pow(beta), rtol=1e-6, atol=0)  # still the power, to float rounding
