@@ -68,16 +68,17 @@ import torch.nn.functional as F
 
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.peer_settings import ILPCSettings
-from lightning_putm.methods.preprocessing import POWER_EPS, l2_normalise
+from lightning_putm.methods.preprocessing import POWER_EPS, l2_normalise, position_invariant_pow
 from lightning_putm.signals import check_stop
 from lightning_putm.tasks import TaskBatch
 from lightning_putm.methods.registry import register_method
 
 
 def signed_power(x: torch.Tensor, beta: float) -> torch.Tensor:
-    """``sign(x)·(|x| + 1e-6)^β`` with sign(0) = +1 (the reference flips negatives, powers, flips back)."""
+    """``sign(x)·(|x| + 1e-6)^β`` with sign(0) = +1 (the reference flips negatives, powers, flips back); each
+    element's bits independent of its place in the batch (:func:`.preprocessing.position_invariant_pow`)."""
     sign = torch.where(x < 0, -torch.ones_like(x), torch.ones_like(x))
-    return sign * (x.abs() + POWER_EPS).pow(beta)
+    return sign * position_invariant_pow(x.abs() + POWER_EPS, beta)
 
 
 def knn_graph(rows: torch.Tensor, k: int, gamma: float = 3.0, positive: bool = True) -> torch.Tensor:
