@@ -19,7 +19,7 @@ from lightning_putm.config import (Override, Overrides, apply_overrides, conf_di
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.presets import apply_presets
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, method_arguments, resolve_device
-from lightning_putm.help import format_rows, help_width, paragraph, rows, usage, yaml_comments
+from lightning_putm.help import format_rows, help_width, job_rows, paragraph, usage
 from lightning_putm.methods.catalog import available_methods, check_method_options, known_method, method_configs
 from lightning_putm.models.timm_names import check_model_name, timm_model_name
 from lightning_putm.validators import did_you_mean, integer, memory_budget
@@ -175,9 +175,8 @@ def calibration_choice(value: Any, timm_model: str | None) -> str | float | None
 
 def predict_help(summary: str) -> str:
     """``evaluate.py predict --help``: every key of ``conf/predict.yaml`` with type, default and meaning."""
-    path = conf_dir() / "predict.yaml"
     width = help_width()
-    table = rows(load_yaml(path), yaml_comments(path), "", skip=())  # `method` is a name here, not the group
+    table = job_rows("predict", skip=())  # `method` is a name here, not the group
     return "\n".join([paragraph(summary, width), "",
                       usage([("python evaluate.py predict checkpoint=<ckpt> support=<folder> query=<folder> "
                               "[key=value ...]", "")], width),
