@@ -16,7 +16,7 @@ loads) is written from it by ``tools/sync_options.py``, ``--help`` reads its typ
         wandb: WandbOptions = nested(WandbOptions)
 
 Checking a value stays with the job's settings (``evaluation/settings.py``...), which give one-line errors naming
-the key. This module imports no torch and no OmegaConf: ``--help`` and config errors come without them.
+the key. This module imports no torch: ``--help`` and config errors come without them.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import importlib
 import textwrap
 from dataclasses import dataclass, field
 from typing import Any
+
+from lightning_putm.validators import integer
 
 #: ``field(metadata=...)`` keys.
 SPEC, NESTED = "job_option", "job_nested"
@@ -44,6 +46,8 @@ JOBS = ("evaluate", "predict", "train_backbone")
 COMMENT_COLUMN = 24
 #: A yaml line is wrapped at this width.
 YAML_WIDTH = 118
+#: Joins the words of a bound so that wrapping never splits it.
+KEEP = "\x00"
 #: The line above a job yaml's generated keys.
 YAML_NOTICE = "# Keys from {cls} (written by tools/sync_options.py: edit the dataclass)"
 
@@ -55,6 +59,8 @@ class JobOptionSpec:
     #: the type ``--help`` shows: ``int``, ``path``, ``int|auto``, ``float|balanced``, ``list``, ``mapping``...
     type: str
     help: str = ""
+    #: the least integer the key takes (``ways``: 2); its job's settings check it with :func:`checked_integer`
+    low: int | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class JobField:
     type: str
     help: str
     mapping: bool = False
+    low: int | None = None
 
     @property
     def name(self) -> str:
@@ -76,11 +83,18 @@ class JobField:
     def depth(self) -> int:
         return self.key.count(".")
 
+    @property
+    def meaning(self) -> str:
+        """The help a user reads (yaml comment, ``--help``): the declared help and, with a bound, what must hold."""
+        if self.low is None:
+            return self.help
+        return f"{self.help} (must be an integer >= {self.low})".strip()
 
-def job_option(default: Any, *, type: str, help: str = "") -> Any:
-    """A job key with its default, the type ``--help`` shows and a one-line help (a list default is copied per
-    instance)."""
-    spec = JobOptionSpec(type=type, help=help)
+
+def job_option(default: Any, *, type: str, help: str = "", low: int | None = None) -> Any:
+    """A job key with its default, the type ``--help`` shows, a one-line help and, for an integer, its least value
+    ``low`` (a list default is copied per instance)."""
+    spec = JobOptionSpec(type=type, help=help, low=low)
     if isinstance(default, (list, dict)):
         value = default
         return field(default_factory=lambda: type_copy(value), metadata={SPEC: spec})
@@ -110,7 +124,7 @@ def job_fields(cls: type, prefix: str = "") -> list[JobField]:
         if spec is None:
             raise TypeError(f"{cls.__qualname__}.{f.name} is declared without job_option() or nested()")
         default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        found.append(JobField(key, default, spec.type, spec.help))
+        found.append(JobField(key, default, spec.type, spec.help, low=spec.low))
     return found
 
 
@@ -123,6 +137,16 @@ def job_schema(job: str) -> type | None:
     return getattr(importlib.import_module(module), name)
 
 
+def declared(schema: type, key: str) -> JobField:
+    """The declaration of the dotted ``key`` in ``schema``."""
+    return next(f for f in job_fields(schema) if f.key == key)
+
+
+def checked_integer(schema: type, key: str, value: Any) -> int:
+    """``value`` of ``key``, an integer at least the bound its field declares, or a one-line error naming the key."""
+    return integer(value, key, declared(schema, key).low)
+
+
 def job_types(job: str) -> dict[str, str]:
     """``{dotted key: type shown by --help}`` of every key of ``job``."""
     schema = job_schema(job)
@@ -132,7 +156,7 @@ def job_types(job: str) -> dict[str, str]:
 def job_comments(job: str) -> dict[str, str]:
     """``{dotted key: help}`` of every key of ``job``."""
     schema = job_schema(job)
-    return {} if schema is None else {f.key: f.help for f in job_fields(schema)}
+    return {} if schema is None else {f.key: f.meaning for f in job_fields(schema)}
 
 
 def yaml_scalar(value: Any) -> str:
@@ -152,10 +176,11 @@ def yaml_lines(f: JobField) -> list[str]:
     """``key: default  # help``, indented by the key's depth, the comment wrapped under its column."""
     indent = "  " * f.depth
     head = f"{indent}{f.name}:" + ("" if f.mapping else f" {yaml_scalar(f.default)}")
-    if not f.help:
+    if not f.meaning:
         return [head]
     column = max(COMMENT_COLUMN, len(head) + 2)
-    said = textwrap.wrap(f.help, width=YAML_WIDTH - column - 2, break_long_words=False, break_on_hyphens=False)
+    said = textwrap.wrap(f.meaning.replace("(must be an integer >= ", f"(must{KEEP}be{KEEP}an{KEEP}integer{KEEP}>={KEEP}"), width=YAML_WIDTH - column - 2, break_long_words=False, break_on_hyphens=False)
+    said = [line.replace(KEEP, " ") for line in said]
     return [f"{head.ljust(column)}# {said[0]}", *(f"{' ' * column}# {line}" for line in said[1:])]
 
 
@@ -174,5 +199,5 @@ def yaml_header(text: str) -> str:
     return text
 
 
-__all__ = ["JOBS", "JobField", "job_comments", "job_fields", "job_option", "job_schema", "job_types", "job_yaml", "nested",
+__all__ = ["JOBS", "JobField", "checked_integer", "job_comments", "job_fields", "job_option", "job_schema", "job_types", "job_yaml", "nested",
            "yaml_header", "yaml_scalar"]

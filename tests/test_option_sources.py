@@ -19,7 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_putm.config import conf_dir
 from lightning_putm.help import job_help, method_comments, show, yaml_comments
-from lightning_putm.job_options import JOBS, JobField, job_fields, job_schema, job_yaml
+from lightning_putm.errors import ConfigError
+from lightning_putm.job_options import JOBS, JobField, checked_integer, job_fields, job_schema, job_yaml
 from lightning_putm.job_options import yaml_header as job_yaml_header
 from lightning_putm.job_options import yaml_scalar as job_yaml_scalar
 from lightning_putm.methods.catalog import BUILTIN_SETTINGS
@@ -164,14 +165,15 @@ def test_job_yaml_and_help_say_what_the_field_declares(job: str, f: JobField) ->
         assert isinstance(value, dict)
     else:
         assert value == f.default and type(value) is type(f.default), (value, f.default)
-    assert yaml_comments(path).get(f.key, "") == f.help
+    assert yaml_comments(path).get(f.key, "") == f.meaning
+    assert f.help in f.meaning and (f.low is None or f"(must be an integer >= {f.low})" in f.meaning)
     if f.mapping or (job == "evaluate" and f.key == "method"):  # groups are not rows; method.* rows are the methods'
         return
     default = show(OmegaConf.create({"x": f.default}).x)
     row = f"{f.key} {f.type} {default}"
     text = job_pages()[job]
     assert row in text, row
-    assert "".join(f.help.split()) in "".join(text.split())
+    assert "".join(f.meaning.split()) in "".join(text.split())
 
 
 def test_every_job_key_is_declared_and_typed() -> None:
@@ -208,6 +210,18 @@ def test_no_hand_written_copy_of_a_job_keys_type_or_help() -> None:
         header = job_yaml_header((conf_dir() / f"{job}.yaml").read_text())
         assert help_text not in words(header), f"{job}.yaml's title repeats {f.key}'s help"
     assert not hasattr(importlib.import_module("lightning_putm.help"), "KEY_TYPES")
+
+
+@pytest.mark.parametrize("job,f", [(job, f) for job, f in JOB_FIELDS if f.low is not None],
+                         ids=[f"{job}.{f.key}" for job, f in JOB_FIELDS if f.low is not None])
+def test_a_declared_bound_is_the_one_checked(job: str, f: JobField) -> None:
+    """Kills: a job's settings checking an integer key against a bound of their own instead of the field's (the
+    bound --help and the yaml state), or accepting a bool or a float for it."""
+    schema = job_schema(job)
+    assert checked_integer(schema, f.key, f.low) == f.low
+    for wrong in (f.low - 1, True, float(f.low), "x"):
+        with pytest.raises(ConfigError, match=rf"^`{re.escape(f.key)}` must be an integer >= {f.low}, got "):
+            checked_integer(schema, f.key, wrong)
 
 
 def test_rendered_job_yaml_reads_back_as_the_defaults() -> None:

@@ -71,10 +71,11 @@ class EvaluateOptions:
     oracle_prior: bool = job_option(
         False, type="bool", help="true = methods using a class marginal (ptmap, ilpc, bavardage) get the TRUE query "
         "counts: unfair, and marked oracle_prior=true in the table and both CSVs")
-    ways: int = job_option(5, type="int", help="classes per task (N, at least 2)")
+    ways: int = job_option(5, type="int", help="classes per task (N)", low=2)
     shots: list[int] = job_option([1, 5], type="list", help="labelled images per class; each shot count is a "
                                   "setting of its own")
-    queries: int | None = job_option(None, type="int", help="total queries per task; null = 15 * ways")
+    queries: int | None = job_option(None, type="int", help="total queries per task; null = 15 * ways",
+                                        low=1)
     alphas: list[Any] = job_option(
         [2, "balanced"], type="list", help="Dirichlet concentrations (> 0) and/or `balanced`, `uniform` (queries "
         "drawn uniformly from the pooled images of the classes in the query set: PADDLE's sampling)")
@@ -82,8 +83,8 @@ class EvaluateOptions:
         None, type="int|list", help="K_eff: classes of the N ways present in each query set (PADDLE's protocol, e.g. "
         "ways=20 query_classes=5 alphas=[uniform]; docs/protocol.md); null = all N; a list [null,1,3,5] runs each")
     tasks: int | str = job_option("auto", type="int|auto", help="tasks per (shot, K_eff, alpha); auto = 100 on the "
-                                  "demo data, 1000 otherwise")
-    seed: int = job_option(0, type="int", help="seed of the episode banks (and of the methods' random starts)")
+                                  "demo data, 1000 otherwise", low=1)
+    seed: int = job_option(0, type="int", help="seed of the episode banks", low=0)
     device: str = job_option("auto", type="str", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     memory_budget_mb: int | str = job_option(
         2048, type="int|auto", help="working memory per method call (MB); larger task batches are chunked to fit. "
@@ -104,7 +105,7 @@ class EvaluateOptions:
     plots: bool = job_option(True, type="bool", help="accuracy vs alpha, PUTM class-count estimate and prototype "
                              "t-SNE (PNGs in output_dir/plots)")
     plot_task: int = job_option(0, type="int", help="task shown in the PUTM case-study plots (first shot, first "
-                                "imbalanced alpha)")
+                                "imbalanced alpha)", low=0)
     trainer: EvaluateTrainerOptions = nested(EvaluateTrainerOptions, help="pytorch_lightning.Trainer options "
                                              "(trainer.devices=2 trainer.strategy=ddp shards the tasks)")
     debug: bool = job_option(False, type="bool", help="show full tracebacks instead of one-line errors")

@@ -40,13 +40,13 @@ class PredictOptions:
         "probabilities with a notice where that split cannot be read (always with a timm model); split:<name>; a "
         "labelled feature file of classes outside your task; a temperature; null = raw")
     calibration_tasks: int = job_option(200, type="int", help="validation tasks the temperature is fitted on "
-                                        "(shaped like your task); the fit's cost: docs/predict.md")
+                                        "(shaped like your task); the fit's cost: docs/predict.md", low=1)
     data_root: str | None = job_option(None, type="path", help="where the checkpoint's data lives (base_features, "
                                        "calibration); null = the root it records")
     feature_cache_dir: str = job_option("outputs/feature_cache", type="path", help="cached base and validation "
                                         "features, fitted temperatures (keyed by content)")
-    batch_size: int = job_option(256, type="int", help="images per backbone forward pass")
-    seed: int = job_option(0, type="int", help="the task's seed (PUTM's navigator initialisation)")
+    batch_size: int = job_option(256, type="int", help="images per backbone forward pass", low=1)
+    seed: int = job_option(0, type="int", help="the task's seed (PUTM's navigator initialisation)", low=0)
     device: str = job_option("auto", type="str", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
     memory_budget_mb: int | str = job_option(2048, type="int|auto", help="working memory of the method (MB; on CUDA "
                                              "a cap under free memory; auto: see evaluate.yaml)")

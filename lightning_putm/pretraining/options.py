@@ -37,7 +37,7 @@ class ValEpisodeOptions:
     queries: int = job_option(75, type="int", help="queries per task")
     alpha: Any = job_option("balanced", type="float|balanced", help="balanced or a Dirichlet alpha > 0")
     tasks: int = job_option(500, type="int", help="tasks per validation epoch (the best checkpoint's accuracy)")
-    seed: int = job_option(0, type="int", help="seed of the episode bank")
+    seed: int = job_option(0, type="int", help="seed of the episode bank", low=0)
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class TestEpisodeOptions:
     queries: int = job_option(75, type="int", help="queries per task")
     alpha: Any = job_option("balanced", type="float|balanced", help="balanced or a Dirichlet alpha > 0")
     tasks: int = job_option(1000, type="int", help="tasks of the final test (run_test=true)")
-    seed: int = job_option(0, type="int", help="seed of the episode bank")
+    seed: int = job_option(0, type="int", help="seed of the episode bank", low=0)
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class TrainBackboneOptions:
     run: str = job_option("auto", type="name|auto", help="auto = a new run folder <date>_<time> (and "
                           "<dataset>/<backbone>/latest points at it), so no run replaces another's checkpoints; a "
                           "name reuses that folder; resume=true continues latest")
-    seed: int = job_option(0, type="int", help="seed of the weights' initialisation and the batches")
+    seed: int = job_option(0, type="int", help="seed of the weights' initialisation and the batches", low=0)
     lr: float = job_option(0.001, type="float", help="Adam (S2M2)")
     weight_decay: float = job_option(0.0, type="float", help="Adam's weight decay")
     scheduler: str = job_option("none", type="str", help="none (S2M2: constant lr) | cosine (decay to 0 over the "
