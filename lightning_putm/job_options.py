@@ -49,7 +49,7 @@ YAML_WIDTH = 118
 #: Joins the words of a bound so that wrapping never splits it.
 KEEP = "\x00"
 #: The line above a job yaml's generated keys.
-YAML_NOTICE = "# Keys from {cls} (written by tools/sync_options.py: edit the dataclass)"
+YAML_NOTICE = "# Keys from {cls} (tools/sync_options.py writes them)"
 
 
 @dataclass(frozen=True)
