@@ -198,6 +198,7 @@ def test_no_hand_written_copy_of_a_job_keys_type_or_help() -> None:
     field's help written again by hand in the package's code or a yaml's title lines."""
     sources = {path: path.read_text() for path in (ROOT / "lightning_putm").rglob("*.py")
                if path.name != "options.py"}
+    plain = {path: words(text) for path, text in sources.items()}
     for job, f in JOB_FIELDS:
         typed = re.compile(rf"""["']{re.escape(f.key)}["']\s*:\s*["']{re.escape(f.type)}["']""")
         copies = [str(path.relative_to(ROOT)) for path, text in sources.items() if typed.search(text)]
@@ -205,7 +206,7 @@ def test_no_hand_written_copy_of_a_job_keys_type_or_help() -> None:
         help_text = words(f.help)
         if len(help_text) < 40:
             continue
-        copies = [str(path.relative_to(ROOT)) for path, text in sources.items() if help_text in words(text)]
+        copies = [str(path.relative_to(ROOT)) for path, text in plain.items() if help_text in text]
         assert not copies, f"{job}.{f.key}'s help is written again in {copies}"
         header = job_yaml_header((conf_dir() / f"{job}.yaml").read_text())
         assert help_text not in words(header), f"{job}.yaml's title repeats {f.key}'s help"
@@ -232,3 +233,26 @@ def test_rendered_job_yaml_reads_back_as_the_defaults() -> None:
         assert back == value and type(back) is type(value), value
     text = job_yaml(job_schema("evaluate"), "# title\n")
     assert text.startswith("# title\n# Keys from ") and "\nwandb:\n  project: lightning-putm" in text
+
+
+@pytest.mark.parametrize("job", ["evaluate", "train_backbone"])
+def test_the_jobs_check_every_bounded_key_through_its_field(job: str, monkeypatch) -> None:
+    """Kills: a job's settings checking a bounded key with a bound written again by hand (``integer(cfg.ways,
+    "ways", 2)``) instead of the field's, which then drifts from what the yaml and ``--help`` state."""
+    import lightning_putm.evaluation.settings as evaluation
+    import lightning_putm.pretraining.settings as pretraining
+
+    module = evaluation if job == "evaluate" else pretraining
+    seen: list[str] = []
+
+    def spy(schema, key, value):
+        seen.append(key)
+        return checked_integer(schema, key, value)
+
+    monkeypatch.setattr(module, "checked_integer", spy)
+    if job == "evaluate":
+        evaluation.settings_from_config(evaluation.load_evaluate_config(["queries=75", "tasks=20", "methods=[simpleshot]"]))
+    else:
+        pretraining.settings_from_config(pretraining.load_train_config([]))
+    bounded = {f.key for f in job_fields(job_schema(job)) if f.low is not None}
+    assert bounded and set(seen) == bounded
