@@ -1,8 +1,9 @@
-"""``--help`` of the scripts, generated from the config files themselves so it cannot drift from them.
+"""``--help`` of the scripts, generated from the declarations of their options so it cannot drift from them.
 
-Every key of ``conf/<job>.yaml`` and of the config groups (``conf/data/*.yaml`` as ``data.<key>``,
-``conf/backbone/*.yaml`` as ``backbone.<key>``) is listed with its type, its default (in full, as it is written on
-the command line) and the comment written beside it (which names the allowed values). A method's options
+Every key of ``conf/<job>.yaml`` is listed with its default (in full, as it is written on the command line) and the
+type and help declared on its job's options dataclass (:mod:`lightning_putm.job_options`; the yaml is written from
+the same field). The config groups' keys (``conf/data/*.yaml`` as ``data.<key>``, ``conf/backbone/*.yaml`` as
+``backbone.<key>``) come with the comment written beside them in their yaml. A method's options
 (``method.<name>.<key>``) come from its settings dataclass: type, help and bounds as declared on the field.
 Rows are wrapped to the terminal (at most :data:`MAX_WIDTH` characters, also when piped).
 """
@@ -19,6 +20,7 @@ from typing import Any, Sequence
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lightning_putm.config import Overrides, command_line_value, conf_dir, group_options, resolve_override_value
+from lightning_putm.job_options import job_comments, job_types
 from lightning_putm.methods.catalog import available_methods, method_defaults, method_settings
 from lightning_putm.methods.option_pages import meaning
 from lightning_putm.methods.options import config_fields
@@ -35,27 +37,6 @@ MIN_WIDTH = 60
 DEFAULT_COLUMN = 16
 #: Below this many characters for the meaning, rows are stacked (meaning under the key) instead of in columns.
 MIN_MEANING = 34
-
-#: What a key holds where its YAML default does not say (``null``, or ``auto`` standing for a number).
-KEY_TYPES = {
-    # evaluate.py
-    "checkpoint": "path", "pretrained_file": "path", "data": "name", "backbone": "name|auto",
-    "feature_cache_dir": "path",
-    "features": "path|auto", "base_features": "path|auto", "queries": "int", "query_classes": "int|list",
-    "tasks": "int|auto",
-    "memory_budget_mb": "int|auto", "name": "str", "output_dir": "path|auto", "trainer.devices": "int|auto",
-    "wandb.entity": "str", "wandb.name": "str", "wandb.group": "str", "wandb.dir": "path", "wandb.mode": "str",
-    # evaluate.py predict
-    "support": "path", "query": "path", "output": "path", "counts_output": "path", "data_root": "path",
-    # train_backbone.py
-    "stages": "list|auto", "init_from": "path", "checkpoint_dir": "path", "run": "name|auto", "log_dir": "path",
-    "head.scale": "float|auto", "channels_last": "bool|auto", "compile": "bool|str",
-    "loader.num_workers": "int|auto", "loader.pin_memory": "bool|auto", "loader.persistent_workers": "bool|auto",
-    "loader.prefetch_factor": "int|auto", "val_episodes.alpha": "float|balanced",
-    "test_episodes.alpha": "float|balanced", "fewshot_eval.every_n_epochs": "int", "trainer.max_epochs": "int",
-    # conf/data/*.yaml
-    "data.root": "path", "data.normalize": "mapping", "data.options": "mapping",
-}
 
 #: Sub-commands of a script, listed in its ``--help`` (each has its own ``--help``).
 SUBCOMMANDS = {
@@ -125,10 +106,11 @@ def method_argument_type(method: str, key: str) -> str | None:
     return None if found is None else found.type_name
 
 
-def value_type(dotted: str, value: Any) -> str:
-    """The type column of a key: the table above, a method's settings dataclass, else the YAML default's type."""
-    if dotted in KEY_TYPES:
-        return KEY_TYPES[dotted]
+def value_type(dotted: str, value: Any, types: dict[str, str] | None = None) -> str:
+    """The type column of a key: its declaration (``types``: :func:`~lightning_putm.job_options.job_types`), a
+    method's settings dataclass, else the YAML default's type."""
+    if types and dotted in types:
+        return types[dotted]
     parts = dotted.split(".")
     if len(parts) == 3 and parts[0] == "method":
         return method_argument_type(parts[1], parts[2]) or type_name(value)
@@ -158,17 +140,19 @@ def show(value: Any) -> str:
     return command_line_value(value)
 
 
-def rows(cfg: DictConfig, comments: dict[str, str], prefix: str = "", skip: Sequence[str] = ("method",)) -> list[Row]:
-    """One row per leaf of ``cfg`` (an empty mapping is a leaf); ``skip``: keys listed elsewhere (the method group)."""
+def rows(cfg: DictConfig, comments: dict[str, str], prefix: str = "", skip: Sequence[str] = ("method",),
+         types: dict[str, str] | None = None) -> list[Row]:
+    """One row per leaf of ``cfg`` (an empty mapping is a leaf); ``skip``: keys listed elsewhere (the method group);
+    ``types``: the declared type of each dotted key."""
     table: list[Row] = []
     for key, value in cfg.items():
         dotted = f"{prefix}{key}"
         if dotted in skip:
             continue
         if isinstance(value, DictConfig) and len(value):
-            table += rows(value, comments, dotted + ".", skip)
+            table += rows(value, comments, dotted + ".", skip, types)
         else:
-            table.append((dotted, value_type(dotted, value), show(value), comments.get(dotted, "")))
+            table.append((dotted, value_type(dotted, value, types), show(value), comments.get(dotted, "")))
     return table
 
 
@@ -249,6 +233,12 @@ def usage(lines: Sequence[tuple[str, str]], width: int | None = None) -> str:
     return "\n".join(out)
 
 
+def job_rows(job: str, skip: Sequence[str] = ("method",)) -> list[Row]:
+    """The rows of ``conf/<job>.yaml``: keys and defaults as the job loads them, types and meanings as the job's
+    options dataclass declares them (:mod:`lightning_putm.job_options`)."""
+    return rows(OmegaConf.load(conf_dir() / f"{job}.yaml"), job_comments(job), "", skip, job_types(job))
+
+
 def job_help(job: str, summary: str, arguments: Sequence[str] = ()) -> str:
     """The full ``--help`` of ``evaluate`` or ``train_backbone``; a ``plugins=[...]`` among ``arguments`` is imported
     first, so the methods it registers are listed with the built-ins."""
@@ -257,16 +247,15 @@ def job_help(job: str, summary: str, arguments: Sequence[str] = ()) -> str:
     if plugins is not None:
         import_plugins(resolve_override_value(plugins))
     folder = conf_dir()
-    main = OmegaConf.load(folder / f"{job}.yaml")
-    comments = yaml_comments(folder / f"{job}.yaml")
     groups = {"method": "method"} if job == "evaluate" else {"data": "data", "backbone": "backbone"}
     commands = [(f"python {job}.py [key=value ...]", ""),
                 (f"python {job}.py config=<run folder>/config.yaml [key=value ...]", "re-run a recorded run")]
     commands += [(f"python {job}.py {name} [key=value ...]", text) for name, text in SUBCOMMANDS.get(job, [])]
     body = [paragraph(summary, width), "", usage(commands, width)]
     body += ["", *_wrap(f"Keys of conf/{job}.yaml (key, type, default, meaning):", width, 2, 0),
-             format_rows(rows(main, comments, ""), width)]
+             format_rows(job_rows(job), width)]
     for group, key in groups.items():
+        group_types = {f"{key}.{name}": kind for name, kind in job_types(group).items()}
         names = available_methods() if group == "method" else group_options(group)
         for name in names:
             path = folder / group / f"{name}.yaml"
@@ -277,7 +266,7 @@ def job_help(job: str, summary: str, arguments: Sequence[str] = ()) -> str:
                 f"{key}={name} ({where}) sets {key}.<key>:"
             body += ["", *_wrap(title, width, 2, 0)]
             comments = method_comments(name, path) if group == "method" else yaml_comments(path, prefix)
-            body.append(format_rows(rows(node, comments, prefix), width))
+            body.append(format_rows(rows(node, comments, prefix, types=group_types), width))
     body += ["", paragraph("trainer.<name>=value: any pytorch_lightning.Trainer argument except the ones the job sets "
                            "itself (e.g. logger, callbacks, enable_checkpointing, default_root_dir). Unknown keys are "
                            "errors that name the closest valid keys and list them all.", width)]

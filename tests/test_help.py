@@ -20,7 +20,8 @@ from conftest import REPO_ROOT
 from helpers.cli import run_in_process
 from lightning_putm.__main__ import main as module_main
 from lightning_putm.config import conf_dir, group_options
-from lightning_putm.help import MAX_WIDTH, MIN_WIDTH, Row, format_rows, rows, show, yaml_comments
+from lightning_putm.help import MAX_WIDTH, MIN_WIDTH, Row, format_rows, job_rows, rows, show, yaml_comments
+from lightning_putm.job_options import job_types
 
 
 def evaluate_script():
@@ -58,13 +59,13 @@ def all_rows() -> dict[str, list[Row]]:
     folder = conf_dir()
     tables: dict[str, list[Row]] = {}
     for job in ("evaluate", "train_backbone", "predict"):
-        path = folder / f"{job}.yaml"
-        tables[job] = rows(OmegaConf.load(path), yaml_comments(path), "", skip=("method",) if job == "evaluate" else ())
+        tables[job] = job_rows(job, skip=("method",) if job == "evaluate" else ())
     for group in ("method", "data", "backbone"):
+        types = {f"{group}.{key}": kind for key, kind in job_types(group).items()}
         for name in group_options(group):
             path = folder / group / f"{name}.yaml"
             prefix = f"method.{name}." if group == "method" else f"{group}."
-            tables[f"{group}/{name}"] = rows(OmegaConf.load(path), yaml_comments(path, prefix), prefix)
+            tables[f"{group}/{name}"] = rows(OmegaConf.load(path), yaml_comments(path, prefix), prefix, types=types)
     return tables
 
 

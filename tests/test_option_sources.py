@@ -1,20 +1,28 @@
 """Each method option is declared once, on its settings dataclass's field; the yaml defaults a user reads, ``--help``
 and the method page's options table are written from that field (lightning_putm/methods/option_pages.py,
-tools/sync_options.py). These tests walk every field of every built-in method and fail when one of the three says
-something else, or when a hand-written copy of a field's help appears beside them."""
+tools/sync_options.py). Each job key (evaluate.py, predict, train_backbone.py) likewise, on its job's options
+dataclass (lightning_putm/job_options.py): its yaml line and ``--help`` row. These tests walk every field of every
+built-in method and job and fail when one of them says something else, or when a hand-written copy of a field's
+help (or a job key's type) appears beside them."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from lightning_putm.config import conf_dir
 from lightning_putm.help import job_help, method_comments, show, yaml_comments
+from lightning_putm.errors import ConfigError
+from lightning_putm.job_options import JOBS, JobField, checked_integer, job_fields, job_schema, job_yaml
+from lightning_putm.job_options import yaml_header as job_yaml_header
+from lightning_putm.job_options import yaml_scalar as job_yaml_scalar
 from lightning_putm.methods.catalog import BUILTIN_SETTINGS
 from lightning_putm.methods.option_pages import (TABLE_END, config_default, meaning, method_yaml, options_table,
                                                  yaml_header, yaml_scalar)
@@ -119,3 +127,132 @@ def test_rendered_yaml_reads_back_as_the_defaults() -> None:
     text = method_yaml(BUILTIN_SETTINGS[0], "# title\n")
     assert text.startswith("# title\n# Options from ") and text.endswith("\n")
     assert options_table(BUILTIN_SETTINGS[0]).count("\n| `") == len(config_fields(BUILTIN_SETTINGS[0]))
+
+
+# ------------------------------------------------------------------------------------------------- job options
+JOB_FIELDS = [(job, f) for job in JOBS for f in job_fields(job_schema(job))]
+JOB_IDS = [f"{job}.{f.key}" for job, f in JOB_FIELDS]
+
+
+def job_page(job: str) -> str:
+    """The ``--help`` page that lists ``job``'s keys, whitespace squeezed to single spaces."""
+    from lightning_putm.prediction.settings import predict_help
+
+    text = predict_help("summary") if job == "predict" else job_help(job, "summary")
+    return " ".join(text.split())
+
+
+@functools.cache
+def job_pages() -> dict[str, str]:
+    return {job: job_page(job) for job in JOBS}
+
+
+def dotted(node, key: str):
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
+@pytest.mark.parametrize("job,f", JOB_FIELDS, ids=JOB_IDS)
+def test_job_yaml_and_help_say_what_the_field_declares(job: str, f: JobField) -> None:
+    """Kills: a ``conf/<job>.yaml`` default that OmegaConf reads back as another value or type (``2.0`` as ``2``,
+    ``auto`` for ``null``), a yaml comment that is not the field's help, and a ``--help`` row whose type, default
+    or meaning is not the field's (a stale type table, a comment read from somewhere else)."""
+    path = conf_dir() / f"{job}.yaml"
+    loaded = OmegaConf.to_container(OmegaConf.load(path))
+    value = dotted(loaded, f.key)
+    if f.mapping:
+        assert isinstance(value, dict)
+    else:
+        assert value == f.default and type(value) is type(f.default), (value, f.default)
+    assert yaml_comments(path).get(f.key, "") == f.meaning
+    assert f.help in f.meaning and (f.low is None or f"(must be an integer >= {f.low})" in f.meaning)
+    if f.mapping or (job == "evaluate" and f.key == "method"):  # groups are not rows; method.* rows are the methods'
+        return
+    default = show(OmegaConf.create({"x": f.default}).x)
+    row = f"{f.key} {f.type} {default}"
+    text = job_pages()[job]
+    assert row in text, row
+    assert "".join(f.meaning.split()) in "".join(text.split())
+
+
+def test_every_job_key_is_declared_and_typed() -> None:
+    """Kills: a yaml key (leaf or group) without a declaration, or a declared key without a type ``--help`` can
+    show."""
+    for job in JOBS:
+        declared = {f.key for f in job_fields(job_schema(job))}
+        loaded = OmegaConf.load(conf_dir() / f"{job}.yaml")
+
+        def keys(node, prefix=""):
+            for key, value in node.items():
+                yield prefix + key
+                if isinstance(value, DictConfig) and len(value):
+                    yield from keys(value, f"{prefix}{key}.")
+
+        assert set(keys(loaded)) == declared, job
+        assert all(f.type for f in job_fields(job_schema(job)))
+
+
+def test_no_hand_written_copy_of_a_job_keys_type_or_help() -> None:
+    """Kills: a second table of the jobs' key types (``KEY_TYPES = {"checkpoint": "path", ...}`` in help.py) or a
+    field's help written again by hand in the package's code or a yaml's title lines."""
+    sources = {path: path.read_text() for path in (ROOT / "lightning_putm").rglob("*.py")
+               if path.name != "options.py"}
+    plain = {path: words(text) for path, text in sources.items()}
+    for job, f in JOB_FIELDS:
+        typed = re.compile(rf"""["']{re.escape(f.key)}["']\s*:\s*["']{re.escape(f.type)}["']""")
+        copies = [str(path.relative_to(ROOT)) for path, text in sources.items() if typed.search(text)]
+        assert not copies, f"{job}.{f.key}'s type is written again in {copies}"
+        help_text = words(f.help)
+        if len(help_text) < 40:
+            continue
+        copies = [str(path.relative_to(ROOT)) for path, text in plain.items() if help_text in text]
+        assert not copies, f"{job}.{f.key}'s help is written again in {copies}"
+        header = job_yaml_header((conf_dir() / f"{job}.yaml").read_text())
+        assert help_text not in words(header), f"{job}.yaml's title repeats {f.key}'s help"
+    assert not hasattr(importlib.import_module("lightning_putm.help"), "KEY_TYPES")
+
+
+@pytest.mark.parametrize("job,f", [(job, f) for job, f in JOB_FIELDS if f.low is not None],
+                         ids=[f"{job}.{f.key}" for job, f in JOB_FIELDS if f.low is not None])
+def test_a_declared_bound_is_the_one_checked(job: str, f: JobField) -> None:
+    """Kills: a job's settings checking an integer key against a bound of their own instead of the field's (the
+    bound --help and the yaml state), or accepting a bool or a float for it."""
+    schema = job_schema(job)
+    assert checked_integer(schema, f.key, f.low) == f.low
+    for wrong in (f.low - 1, True, float(f.low), "x"):
+        with pytest.raises(ConfigError, match=rf"^`{re.escape(f.key)}` must be an integer >= {f.low}, got "):
+            checked_integer(schema, f.key, wrong)
+
+
+def test_rendered_job_yaml_reads_back_as_the_defaults() -> None:
+    """The job renderer alone on values the jobs lack. Kills: a nested mapping or list of mappings written as
+    Python (``{'a': 1}``), a float written as an int, a group written without its keys."""
+    for value in ({"a": [1, "x"], "b": None}, [], {}, 0.5, 2.0, "split:train", "32-true", [2, "balanced"]):
+        back = OmegaConf.to_container(OmegaConf.create({"x": OmegaConf.create(f"x: {job_yaml_scalar(value)}").x}))["x"]
+        assert back == value and type(back) is type(value), value
+    text = job_yaml(job_schema("evaluate"), "# title\n")
+    assert text.startswith("# title\n# Keys from ") and "\nwandb:\n  project: lightning-putm" in text
+
+
+@pytest.mark.parametrize("job", ["evaluate", "train_backbone"])
+def test_the_jobs_check_every_bounded_key_through_its_field(job: str, monkeypatch) -> None:
+    """Kills: a job's settings checking a bounded key with a bound written again by hand (``integer(cfg.ways,
+    "ways", 2)``) instead of the field's, which then drifts from what the yaml and ``--help`` state."""
+    import lightning_putm.evaluation.settings as evaluation
+    import lightning_putm.pretraining.settings as pretraining
+
+    module = evaluation if job == "evaluate" else pretraining
+    seen: list[str] = []
+
+    def spy(schema, key, value):
+        seen.append(key)
+        return checked_integer(schema, key, value)
+
+    monkeypatch.setattr(module, "checked_integer", spy)
+    if job == "evaluate":
+        evaluation.settings_from_config(evaluation.load_evaluate_config(["queries=75", "tasks=20", "methods=[simpleshot]"]))
+    else:
+        pretraining.settings_from_config(pretraining.load_train_config([]))
+    bounded = {f.key for f in job_fields(job_schema(job)) if f.low is not None}
+    assert bounded and set(seen) == bounded

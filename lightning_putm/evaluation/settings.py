@@ -19,13 +19,15 @@ from lightning_putm.config import (Override, Overrides, apply_overrides, apply_t
                                    conf_dir, group_options, is_trainer_override, load_group, load_saved_config,
                                    load_yaml, resolve_override_value, to_container)
 from lightning_putm.errors import ConfigError, DataError
+from lightning_putm.evaluation.options import EvaluateOptions
 from lightning_putm.evaluation.presets import PRESET_KEY, apply_presets
+from lightning_putm.job_options import checked_integer
 from lightning_putm.loggers import LOGGERS, check_wandb_mode
 from lightning_putm.methods.catalog import available_methods, check_method_options, known_method, method_configs
 from lightning_putm.methods.registry import PLUGINS_KEY, import_plugins
 from lightning_putm.models.timm_names import check_model_name, timm_model_name
 from lightning_putm.runs import run_name
-from lightning_putm.validators import (alpha_label, as_list, choice, did_you_mean, distinct, flag, integer,
+from lightning_putm.validators import (alpha_label, as_list, choice, did_you_mean, distinct, flag,
                                        memory_budget, parse_alpha, parse_query_classes, protocol_flags)
 
 if TYPE_CHECKING:  # torch and the methods load once the settings are valid: errors and --help come without them
@@ -234,11 +236,11 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
             raise ConfigError(f"unknown method {name!r}; {did_you_mean(name, available_methods())}available methods: "
                               f"{', '.join(available_methods())}")
     distinct(methods, "methods")
-    ways = integer(cfg.ways, "ways", 2)
+    ways = checked_integer(EvaluateOptions, "ways", cfg.ways)
     shots = as_list(cfg.shots)
     if not shots or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shots):
         raise ConfigError(f"`shots` must be a list of positive integers (e.g. shots=[1,5]), got {cfg.shots!r}")
-    queries = 15 * ways if cfg.queries is None else integer(cfg.queries, "queries", 1)
+    queries = 15 * ways if cfg.queries is None else checked_integer(EvaluateOptions, "queries", cfg.queries)
     alphas = [parse_alpha(a, uniform=True) for a in as_list(cfg.alphas)]
     if not alphas:
         raise ConfigError("`alphas` is empty; give Dirichlet alphas and/or `balanced`, e.g. alphas=[2,balanced]")
@@ -251,8 +253,8 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     if cfg.tasks == "auto":
         tasks = DEMO_TASKS if demo else DEFAULT_TASKS
     else:
-        tasks = integer(cfg.tasks, "tasks", 1)
-    seed = integer(cfg.seed, "seed", 0)
+        tasks = checked_integer(EvaluateOptions, "tasks", cfg.tasks)
+    seed = checked_integer(EvaluateOptions, "seed", cfg.seed)
     budget = memory_budget(cfg.memory_budget_mb)
     oracle_prior = flag(cfg.get("oracle_prior", False), "oracle_prior")
     base_features = cfg.get("base_features")
@@ -304,7 +306,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     choice(cfg.logger, "logger", tuple(LOGGERS))
     wandb = to_container(cfg.wandb)
     check_wandb_mode(wandb.get("mode"), str(cfg.logger))
-    plot_task = integer(cfg.plot_task, "plot_task", 0)
+    plot_task = checked_integer(EvaluateOptions, "plot_task", cfg.plot_task)
     if plot_task >= tasks:
         raise ConfigError(f"plot_task={plot_task} but there are {tasks} tasks per setting: give an index from 0 to "
                           f"{tasks - 1}")

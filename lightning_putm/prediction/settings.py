@@ -19,10 +19,12 @@ from lightning_putm.config import (Override, Overrides, apply_overrides, conf_di
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.presets import apply_presets
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, method_arguments, resolve_device
-from lightning_putm.help import format_rows, help_width, paragraph, rows, usage, yaml_comments
+from lightning_putm.help import format_rows, help_width, job_rows, paragraph, usage
+from lightning_putm.job_options import checked_integer
 from lightning_putm.methods.catalog import available_methods, check_method_options, known_method, method_configs
 from lightning_putm.models.timm_names import check_model_name, timm_model_name
-from lightning_putm.validators import did_you_mean, integer, memory_budget
+from lightning_putm.prediction.options import PredictOptions
+from lightning_putm.validators import did_you_mean, memory_budget
 
 if TYPE_CHECKING:  # torch loads once the settings are valid: config errors and --help come without it
     import torch
@@ -136,9 +138,10 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
         raise ConfigError(f"base_features: file not found: {base}; give auto, split:train, a feature file of the base "
                           "classes from the same backbone, or null")
     calibration = calibration_choice(cfg.get("calibration", "auto"), timm_model)
-    batch_size, seed = integer(cfg.batch_size, "batch_size", 1), integer(cfg.seed, "seed", 0)
+    batch_size = checked_integer(PredictOptions, "batch_size", cfg.batch_size)
+    seed = checked_integer(PredictOptions, "seed", cfg.seed)
     budget = memory_budget(cfg.memory_budget_mb)
-    calibration_tasks = integer(cfg.get("calibration_tasks", 200), "calibration_tasks", 1)
+    calibration_tasks = checked_integer(PredictOptions, "calibration_tasks", cfg.get("calibration_tasks", 200))
     from lightning_putm.methods import build_method  # last, as it imports the methods (and torch)
 
     build_method(method, params, shots=1, balanced=False)  # a value only the constructor checks (UNEM's params_file)
@@ -175,9 +178,8 @@ def calibration_choice(value: Any, timm_model: str | None) -> str | float | None
 
 def predict_help(summary: str) -> str:
     """``evaluate.py predict --help``: every key of ``conf/predict.yaml`` with type, default and meaning."""
-    path = conf_dir() / "predict.yaml"
     width = help_width()
-    table = rows(load_yaml(path), yaml_comments(path), "", skip=())  # `method` is a name here, not the group
+    table = job_rows("predict", skip=())  # `method` is a name here, not the group
     return "\n".join([paragraph(summary, width), "",
                       usage([("python evaluate.py predict checkpoint=<ckpt> support=<folder> query=<folder> "
                               "[key=value ...]", "")], width),

@@ -21,10 +21,12 @@ from lightning_putm.data.settings import EpisodeSettings, LoaderSettings
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.settings import (EvaluationSettings, load_evaluate_config,
                                                 settings_from_config as evaluation_settings)
+from lightning_putm.job_options import checked_integer
 from lightning_putm.loggers import LOGGERS, check_wandb_mode
 from lightning_putm.pretraining.choices import STAGES, check_channels_last, check_compile
+from lightning_putm.pretraining.options import TrainBackboneOptions
 from lightning_putm.runs import LATEST, slug
-from lightning_putm.validators import choice, did_you_mean, flag, integer, mapping, number, parse_alpha, path, positive
+from lightning_putm.validators import choice, did_you_mean, flag, mapping, number, parse_alpha, path, positive
 
 
 #: Trainer arguments this job sets itself; use the named config keys instead.
@@ -137,7 +139,7 @@ def _episodes(cfg: DictConfig, key: str) -> EpisodeSettings:
     node = cfg[key]
     alpha = None if node.alpha is None else parse_alpha(node.alpha, f"`{key}.alpha`")
     values = {k: positive(node[k], f"{key}.{k}", integer=True) for k in ("ways", "shots", "queries", "tasks")}
-    return EpisodeSettings(alpha=alpha, seed=integer(node.seed, f"{key}.seed", 0), **values)
+    return EpisodeSettings(alpha=alpha, seed=checked_integer(TrainBackboneOptions, f"{key}.seed", node.seed), **values)
 
 
 def check_train_arguments(overrides: Iterable[str | Override]) -> None:
@@ -171,7 +173,7 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
     choice(cfg.logger, "logger", tuple(LOGGERS))
     wandb = mapping(cfg.wandb, "wandb")
     check_wandb_mode(wandb.get("mode"), str(cfg.logger))
-    seed = integer(cfg.seed, "seed", 0)
+    seed = checked_integer(TrainBackboneOptions, "seed", cfg.seed)
     mix_layers = cfg.mix_layers if not isinstance(cfg.mix_layers, int) else [cfg.mix_layers]
     if (not isinstance(mix_layers, (list, ListConfig)) or not mix_layers
             or any(isinstance(m, bool) or not isinstance(m, int) for m in mix_layers)):
