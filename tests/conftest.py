@@ -39,8 +39,46 @@ def make_clustered_features(classes: int = 10, per_class: int = 40, dim: int = 3
     return FeatureSet(features, labels, [f"class_{c}" for c in range(classes)], {"source": "synthetic"})
 
 
+#: The integration tier, in one place: modules whose tests run whole jobs (scripts in child processes, a
+#: Trainer's fit, studies, kills and resumes) or the Triton interpreter; fixtures that do; and the heavy tests of
+#: otherwise quick modules (seconds to minutes each on the 2-core CPU). The README's command runs them with the
+#: rest; ``pytest -m "not slow and not integration"`` is the quick tier (docs/development.md, "Test tiers").
+INTEGRATION_MODULES = {
+    "test_checkpoint_interrupts", "test_console_script", "test_determinism", "test_distributed_evaluation",
+    "test_evaluate", "test_evaluate_checkpoint", "test_interruptions", "test_mkl_reproducibility", "test_putm_hopper",
+    "test_resume", "test_run_locks", "test_runs", "test_stopping", "test_study", "test_study_postgres",
+    "test_sweeps", "test_timm_backbone", "test_unem_default", "test_untrusted_files", "test_wandb_runs",
+    "test_without_triton",
+}
+INTEGRATION_FIXTURES = {"interpreted", "tiny_checkpoint"}
+INTEGRATION_TESTS = {
+    "test_near_perfect_accuracy_on_separated_data", "test_same_predictions_alone_or_in_a_batch",
+    "test_alpha_tim_approaches_tim_as_alpha_tends_to_one", "test_the_scripts_themselves_exit_2_with_one_line",
+    "test_no_evaluate_config_value_escapes_as_an_unhandled_exception",
+    "test_no_feature_file_content_escapes_as_an_unhandled_exception",
+    "test_no_trusted_pickle_content_escapes_as_an_unhandled_exception",
+    "test_no_train_backbone_config_value_escapes_as_an_unhandled_exception",
+    "test_two_process_cpu_ddp_writes_a_loadable_checkpoint", "test_every_method_runs_with_absent_classes",
+    "test_the_python_api_page_runs", "test_the_docs_example_runs_and_logs_during_fit_and_test",
+    "test_wandb_silent_false_keeps_wandbs_own_output", "test_high_accuracy_on_clear_imbalanced_problem",
+    "test_a_method_in_its_own_module_runs_through_evaluate_py",
+}
+
+
+def in_integration_tier(item: pytest.Item) -> bool:
+    module = Path(str(item.fspath)).stem
+    name = getattr(item, "originalname", item.name)
+    return (module in INTEGRATION_MODULES or name in INTEGRATION_TESTS
+            or bool(INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ()))))
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``@pytest.mark.cuda`` tests are skipped, with the reason, where torch sees no CUDA device."""
+    """The integration tier's marks (before ``-m`` selects), and ``@pytest.mark.cuda`` tests skipped, with the
+    reason, where torch sees no CUDA device."""
+    for item in items:
+        if in_integration_tier(item):
+            item.add_marker(pytest.mark.integration)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
