@@ -153,16 +153,19 @@ def one_step(m: int, **options) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("dim,options,bound", [(80, {}, 5e-5), (100, {}, 5e-5),
-                                               (80, {"rho": 1.0, "theta": 0.001}, 5e-5),
-                                               # θ = 0.3: the balance term's slope cancels in the softmax backward,
-                                               # so fp32 rounding weighs more (3.7e-4 measured)
-                                               (80, {"rho": 0.7, "theta": 0.3}, 1.2e-3)])
+#: Bounds at least 3× the gap measured on every CPU path (native AVX-512, ATEN_CPU_CAPABILITY=avx2 and =default,
+#: 2026-11-28): 1.1e-5 / 1.1e-5 / 1.1e-5 (m = 80), 4e-7 / 4e-7 / 5.9e-6 (m = 100), 3e-8 / 3e-8 / 1.2e-4
+#: (balanced: the scalar path's fp32 roundings flip some bf16 roundings), 3.7e-4 / 3.7e-4 / 4.6e-4 (θ = 0.3: the
+#: balance term's slope cancels in the softmax backward, so fp32 rounding weighs more)
+@pytest.mark.parametrize("dim,options,bound", [(80, {}, 4e-4), (100, {}, 4e-4),
+                                               (80, {"rho": 1.0, "theta": 0.001}, 4e-4),
+                                               (80, {"rho": 0.7, "theta": 0.3}, 1.5e-3)])
 def test_the_kernels_arithmetic_gives_the_fused_engines_bf16_gradient(dim, options, bound):
-    """One Adam step: the kernel's arithmetic gives the fused engine's bf16 gradient to fp32 rounding (measured
-    1.1e-5, 4e-7 (m = 100), 3e-8 (balanced), 3.7e-4 (θ = 0.3) relative), while bf16 itself moves it 2-7% from
-    fp32. Kills: LeakyReLU's slope rounded to bf16 (1.9e-3), the bias gradients rounded to bf16 like the weights'
-    (1.7e-3), a slot table that drops a parameter, a wrong CT-head term (π_b's column sum, the balance slope)."""
+    """One Adam step: the kernel's arithmetic gives the fused engine's bf16 gradient to rounding (the gaps on
+    each CPU path above), while bf16 itself moves it 2-7% from fp32. Kills: LeakyReLU's slope rounded to bf16
+    (1.9e-3 at m = 80 and 1.4e-3 balanced, on the native and the unvectorized path), the bias gradients rounded to
+    bf16 like the weights' (1.7e-3), a slot table that drops a parameter, a wrong CT-head term (π_b's column sum,
+    the balance slope)."""
     result = one_step(dim, **options)
     gap = relative(result["bf16"], result["fp32"])
     assert gap > 1e-2  # bf16 really changes the gradient, so the bound means something
