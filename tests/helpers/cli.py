@@ -74,7 +74,9 @@ def run_in_process(script: str, argv: Sequence[str]) -> Outcome:
 
 def run_script(script: str, argv: Sequence[str], cwd: Path, timeout: float = 300, **env: str) -> Outcome:
     """The real script in a fresh interpreter (one thread, W&B offline)."""
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
+    # the checkout first; a PYTHONPATH of the caller's after it (tools/cpu_without_bf16 reaches the child too)
+    search = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
+    environment = {**os.environ, "PYTHONPATH": search, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline",
                    "LIGHTNING_PUTM_CONF": str(REPO / "conf"), **env}
     done = subprocess.run([sys.executable, str(REPO / f"{script}.py"), *argv], cwd=cwd, env=environment,
                           capture_output=True, text=True, timeout=timeout)
