@@ -149,9 +149,6 @@ class HopperEngine:
     def keep_only(self, live: torch.Tensor) -> None:
         self.active = live.to(device=self.navigator.flat.device, dtype=torch.int8)
 
-    def snapshot(self) -> torch.Tensor:
-        return self.navigator.flat.detach().clone()
-
     def whole_em_loop(self, rows: torch.Tensor, one_hot: torch.Tensor, prototypes: torch.Tensor, ways: int,
                       progress: Callable[[Iterable[int]], Iterable[int]] = iter) -> None:
         return None
