@@ -285,6 +285,39 @@ def test_accuracy_vs_alpha_puts_uniform_after_balanced_and_names_k_eff():
     assert "20-way, 5 classes in the query set, 75 queries" in figure._suptitle.get_text()
 
 
+def test_accuracy_vs_k_eff_orders_k_eff_puts_all_last_and_draws_each_methods_accuracies():
+    """Rows of a run over K_eff ∈ {5, 1, 3, all} at one α (as results.csv gives them, strings, in run order): per
+    shot panel one line per method whose points are the accuracies in K_eff order 1, 3, 5, all. Rows of two α in
+    one figure and a duplicate row are refused.
+
+    Kills: K_eff ordered as text or in run order (5 before 1), the default protocol's rows (K_eff empty) dropped or
+    put first, a line of another shot's or method's accuracies, a figure that mixes α silently."""
+    from lightning_putm.evaluation.plots import KEFF_LINE_GID, _accuracy_vs_query_classes_figure
+
+    accuracy = {("putm", 1): [81, 71, 91, 95], ("putm", 5): [82, 72, 92, 96], ("ptmap", 1): [41, 21, 31, 97],
+                ("ptmap", 5): [42, 22, 32, 98]}  # in the rows' K_eff order 5, 1, 3, all
+    rows = [{"method": method, "shots": str(shots), "query_classes": keff, "alpha": "uniform",
+             "accuracy": str(accuracy[method, shots][i]), "ci95": "1.0", "tasks": "100"}
+            for (method, shots) in accuracy for i, keff in enumerate(("5", "1", "3", ""))]
+    figure = _accuracy_vs_query_classes_figure(rows, ways=20, queries=15)
+    axes = figure.axes
+    assert [ax.get_title() for ax in axes] == ["1-shot", "5-shot"]
+    for ax, shots in zip(axes, (1, 5)):
+        assert [tick.get_text() for tick in ax.get_xticklabels()] == ["1", "3", "5", "all"]
+        lines = {line.get_label(): line for line in ax.get_lines()
+                 if (line.get_gid() or "").startswith(KEFF_LINE_GID + ":")}
+        assert sorted(lines) == ["PT-MAP", "PUTM"]
+        for method, label in (("putm", "PUTM"), ("ptmap", "PT-MAP")):
+            by_keff = accuracy[method, shots]
+            assert list(lines[label].get_ydata()) == [by_keff[1], by_keff[2], by_keff[0], by_keff[3]]
+            assert list(np.round(lines[label].get_xdata())) == [0, 1, 2, 3]
+    assert "20-way, 15 queries" in figure._suptitle.get_text() and "uniform" in figure._suptitle.get_text()
+    with pytest.raises(ValueError, match="one α per accuracy-vs-K_eff figure"):
+        _accuracy_vs_query_classes_figure([*rows, {**rows[0], "alpha": "2"}])
+    with pytest.raises(ValueError, match="row 16: duplicate result for method='putm', shots=1, K_eff=5"):
+        _accuracy_vs_query_classes_figure([*rows, rows[0]])
+
+
 # ------------------------------------------------------------------------------------------------ the run
 def test_a_stored_setting_is_never_read_back_for_another_k_eff(tmp_path):
     """A result stored for K_eff = 5 has its own file and fingerprint: K_eff = 3 and the default protocol of the
@@ -349,6 +382,8 @@ def test_run_files_record_k_eff_and_resume_each_k_eff_on_its_own(tmp_path):
         "K_eff = 2, balanced", "K_eff = 2, uniform", "balanced", "uniform"]
     plots = sorted(p.name for p in (tmp_path / "run" / "plots").glob("accuracy_vs_alpha*.png"))
     assert plots == ["accuracy_vs_alpha.png", "accuracy_vs_alpha_keff2.png"]
+    by_keff = sorted(p.name for p in (tmp_path / "run" / "plots").glob("accuracy_vs_keff*.png"))
+    assert by_keff == ["accuracy_vs_keff_alpha_balanced.png", "accuracy_vs_keff_alpha_uniform.png"]
     alone = [*common[:-1], f"output_dir={tmp_path / 'alone'}", "query_classes=2", "alphas=[uniform]", "plots=false"]
     run_evaluate(alone, log=lambda _: None)  # the K_eff = 2 bank of the list run, drawn alone: the same tasks
     merged = table_runs.make_table([tmp_path / "run", tmp_path / "alone"])

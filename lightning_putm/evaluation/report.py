@@ -194,6 +194,12 @@ def make_plots(results: Sequence[SettingResult], feature_set: FeatureSet, settin
         figures[name] = plots.plot_accuracy_vs_alpha(
             [s for s in summaries if s.query_classes == keff], folder / f"{name}.png", dataset=dataset,
             ways=settings.ways, queries=settings.queries, query_classes=keff)
+    for alpha in dict.fromkeys(s.alpha for s in summaries):  # several K_eff at one α: accuracy against K_eff
+        rows = [s for s in summaries if s.alpha == alpha]
+        if len({s.query_classes for s in rows}) > 1:
+            name = f"accuracy_vs_keff_alpha_{rows[0].alpha_label}"
+            figures[name] = plots.plot_accuracy_vs_query_classes(
+                rows, folder / f"{name}.png", dataset=dataset, ways=settings.ways, queries=settings.queries)
     case = putm_case_study(results, feature_set, settings, task)
     if case is not None:
         keff = "" if case["query_classes"] is None else f" K_eff={case['query_classes']}"
