@@ -204,26 +204,20 @@ def test_adam_steps_carry_across_e_steps_and_pi_is_the_last_steps():
 def predictions(shots: int, nudge: float = 0.0, hopper: bool = False, precision: str = "bf16",
                 **options) -> tuple[torch.Tensor, torch.Tensor]:
     """Probabilities and EM step counts of 4 tasks (5-way, 75 queries, synthetic d = 640 features, 5 EM steps)
-    from ``solver=fused`` or the emulation (an engine handed to PUTM in place of the fused one)."""
+    from ``solver=fused`` or the emulation (``PUTM(engine=EmulatedEngine)``: the method's own chunking, checks and
+    EM loop drive it through the :class:`Engine` interface)."""
     from bench_methods import synthetic_features
     from lightning_putm.data.episodes import sample_episode_bank
     from lightning_putm.methods.putm import PUTM
-    from lightning_putm.methods.putm import method as putm_method
 
     features = synthetic_features(dim=640)
     bank = sample_episode_bank(features.labels, 5, shots, 75, 2.0, 4, seed=0)
     batch = bank.gather(features.features, torch.device("cpu")).batch
     if nudge:  # every feature changed by a rounding error: the noise floor of benchmarks/crosscheck_putm.py
         batch = dataclasses.replace(batch, support=batch.support * (1 + nudge), query=batch.query * (1 + nudge))
-    method = PUTM(shots=shots, balanced=False, solver="fused", precision=precision, em_steps=5, **options)
-    name = "make_engine"
-    real = getattr(putm_method, name)
-    if hopper:
-        setattr(putm_method, name, lambda navigator, settings, dtype: EmulatedEngine(navigator, settings))
-    try:
-        return method.predict(batch), method.last_state["em_steps"]
-    finally:
-        setattr(putm_method, name, real)
+    method = PUTM(shots=shots, balanced=False, solver="fused", precision=precision, em_steps=5,
+                  engine=EmulatedEngine if hopper else None, **options)
+    return method.predict(batch), method.last_state["em_steps"]
 
 
 @pytest.mark.parametrize("shots,options", [(1, {}), (5, {}), (1, {"early_stop_tol": 0.02})])
