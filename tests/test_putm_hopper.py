@@ -229,7 +229,8 @@ def test_putm_with_the_kernels_arithmetic_stays_within_the_bf16_noise_floor(shot
     the fused bf16 engine than 3x a rounding error does (plus one query), and agrees with the fp32 specification
     as often as the fused bf16 engine does, less 1 point (measured: 96.0% both, 1-shot). With early stopping the EM
     step counts are the fused engine's. Kills: the M-step fed π of the wrong Adam step, a re-draw or Adam state
-    lost between E-steps, an inactive task updated (early stopping)."""
+    lost between E-steps, an inactive task updated (early stopping), ``PUTM(engine=...)`` ignored (the fused
+    engine's own result)."""
     fused, fused_steps = predictions(shots, **options)
     # the largest of three nudges: one draw of the floor is noisy (0.040 to 0.090 at 1 shot across CPU paths)
     nudged = [predictions(shots, nudge=nudge, **options)[0] for nudge in (2**-23, -2**-23, 2**-22)]
@@ -237,6 +238,7 @@ def test_putm_with_the_kernels_arithmetic_stays_within_the_bf16_noise_floor(shot
     flips = max((other.argmax(2) != fused.argmax(2)).double().mean().item() for other in nudged)
     hopper, hopper_steps = predictions(shots, hopper=True, **options)
     spec, _ = predictions(shots, precision="fp32", **options)
+    assert not torch.equal(hopper, fused)  # the emulation ran, not the fused engine (PUTM(engine=...) ignored)
     assert (hopper - fused).abs().max().item() <= 3 * floor + 1e-6
     # predictions flipped against the fused bf16 engine's: no more than 3x what a rounding error flips, plus one
     # query (measured at 1 shot: none natively against up to 0.7% nudged; 2.3% against 1.7% unvectorized)
