@@ -102,6 +102,10 @@ def cmd_prototype(args: argparse.Namespace) -> int:
     return 0
 
 
+def first_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+
+
 def timed(launch, reps: int = 5) -> float:
     """Milliseconds per call of ``launch`` (CUDA events, after one warm-up call)."""
     launch()
@@ -128,7 +132,7 @@ def engine_and_inputs(tasks: int, shots: int, exact_adam: bool = False, seed: in
     g = torch.Generator().manual_seed(seed)
     query = torch.nn.functional.normalize(torch.rand(tasks, 75, m, generator=g), dim=2).cuda()
     prototypes = torch.nn.functional.normalize(torch.rand(tasks, 5, m, generator=g), dim=2).cuda()
-    return HopperEngine(navigator, settings, exact_adam), query, prototypes
+    return HopperEngine(navigator, settings, exact_adam=exact_adam), query, prototypes
 
 
 def cmd_speed(args: argparse.Namespace) -> int:
@@ -136,91 +140,98 @@ def cmd_speed(args: argparse.Namespace) -> int:
     print(f"{torch.cuda.get_device_name(0)}, {sms} SMs; one launch = one E-step of 30 Adam steps, one block per task")
     print("| shots | Adam | tasks | ms per E-step | us per Adam step per block | tasks/s (51 E-steps) |")
     print("|---|---|---|---|---|---|")
+    failures = 0
     for shots in args.shots:
         for exact in (False, True):
             for tasks in (sms, 2 * sms, 8 * sms, 10_000):
-                engine, query, prototypes = engine_and_inputs(tasks, shots, exact)
-                ms = timed(lambda: engine.run(query, prototypes, 5))
+                label = f"| {shots} | {'exact' if exact else 'fast'} | {tasks} |"
+                try:
+                    engine, query, prototypes = engine_and_inputs(tasks, shots, exact)
+                    ms = timed(lambda: engine.run(query, prototypes, 5))
+                except Exception as error:  # one shape or Adam flavour failing must not hide the others
+                    failures += 1
+                    print(f"{label} FAILED: {first_line(error)} | | |", flush=True)
+                    continue
                 us = 1e3 * ms / (-(-tasks // sms) * ADAM_STEPS)
-                print(f"| {shots} | {'exact' if exact else 'fast'} | {tasks} | {ms:.3f} | {us:.2f} | "
-                      f"{tasks / (ms * 1e-3 * E_STEPS):,.0f} |", flush=True)
-    return 0
+                print(f"{label} {ms:.3f} | {us:.2f} | {tasks / (ms * 1e-3 * E_STEPS):,.0f} |", flush=True)
+    return 1 if failures else 0
 
 
 def cmd_gradients(args: argparse.Namespace) -> int:
     """One Adam step of 8 tasks (1-shot shape): the kernel against the emulation run on the same GPU and the fused
     engine in bf16 and fp32 (relative L2 differences of the gradient, read from Adam's first moment)."""
+    failures = 0
+    for shots, options in ((1, {}), (5, {}), (1, {"rho": 1.0, "theta": 0.001})):
+        try:
+            failures += gradient_case(shots, options)
+        except Exception as error:  # one case failing must not hide the others
+            failures += 1
+            print(f"shots {shots} {options}: FAILED: {first_line(error)}", flush=True)
+    return 1 if failures else 0
+
+
+def gradient_case(shots: int, options: dict) -> int:
+    """One case of :func:`cmd_gradients`; 1 if it fails its bound."""
     from lightning_putm.methods.putm.engines import FusedEngine
     from lightning_putm.methods.putm.hopper.emulate import EmulatedEngine
     from lightning_putm.methods.putm.navigator import Navigator
     from lightning_putm.methods.putm import PUTMSettings
 
-    failures = 0
-    for shots, options in ((1, {}), (5, {}), (1, {"rho": 1.0, "theta": 0.001})):
-        m = 5 * shots + 75
-        settings = PUTMSettings(inner_steps=1, **options)
-        kernel, query, prototypes = engine_and_inputs(8, shots)
-        kernel.settings = settings
+    m = 5 * shots + 75
+    settings = PUTMSettings(inner_steps=1, **options)
+    kernel, query, prototypes = engine_and_inputs(8, shots)
+    kernel.settings = settings
 
-        def fresh() -> Navigator:
-            return Navigator([m, *settings.hidden, 1], [torch.Generator().manual_seed(i) for i in range(8)], 1000,
-                             torch.device("cuda"), torch.float32, 0.01, requires_grad=False)
+    def fresh() -> Navigator:
+        return Navigator([m, *settings.hidden, 1], [torch.Generator().manual_seed(i) for i in range(8)], 1000,
+                         torch.device("cuda"), torch.float32, 0.01, requires_grad=False)
 
-        engines = {"kernel": kernel, "emulation": EmulatedEngine(fresh(), settings),
-                   "fused bf16": FusedEngine(fresh(), settings, torch.bfloat16),
-                   "fused fp32": FusedEngine(fresh(), settings, torch.float32)}
-        grads, pis = {}, {}
-        for name, engine in engines.items():
-            engine.navigator.views(engine.navigator.flat)[0][-1].mul_(3000.0)
-            pis[name] = engine.run(query, prototypes, 5)
-            grads[name] = engine.exp_avg / 0.5 if name in ("kernel", "emulation") else engine.grad
-        torch.cuda.synchronize()
+    engines = {"kernel": kernel, "emulation": EmulatedEngine(fresh(), settings),
+               "fused bf16": FusedEngine(fresh(), settings, torch.bfloat16),
+               "fused fp32": FusedEngine(fresh(), settings, torch.float32)}
+    grads, pis = {}, {}
+    for name, engine in engines.items():
+        engine.navigator.views(engine.navigator.flat)[0][-1].mul_(3000.0)
+        pis[name] = engine.run(query, prototypes, 5)
+        grads[name] = engine.exp_avg / 0.5 if name in ("kernel", "emulation") else engine.grad
+    torch.cuda.synchronize()
 
-        def rel(a: str, b: str) -> float:
-            return ((grads[a] - grads[b]).norm() / grads[b].norm()).item()
+    def rel(a: str, b: str) -> float:
+        return ((grads[a] - grads[b]).norm() / grads[b].norm()).item()
 
-        pi = max((pis["kernel"][i] - pis["fused bf16"][i]).abs().max().item() for i in (0, 1))
-        print(f"shots {shots} {options}: gradient kernel vs emulation {rel('kernel', 'emulation'):.3g}, vs fused bf16 "
-              f"{rel('kernel', 'fused bf16'):.3g}, vs fused fp32 {rel('kernel', 'fused fp32'):.3g}; fused bf16 vs "
-              f"fp32 {rel('fused bf16', 'fused fp32'):.3g}; pi_f/pi_b vs fused bf16 {pi:.3g}", flush=True)
-        # the kernel sums 16 products per tensor-core step in its own order, so it may differ from the emulation by
-        # bf16 roundings of a few values; it must be far closer to fused bf16 than bf16 is to fp32
-        if not rel("kernel", "fused bf16") < rel("fused bf16", "fused fp32") / 10:
-            print("FAIL: the kernel's gradient is not within a tenth of the bf16 gap of the fused bf16 engine's")
-            failures += 1
-    return 1 if failures else 0
+    pi = max((pis["kernel"][i] - pis["fused bf16"][i]).abs().max().item() for i in (0, 1))
+    print(f"shots {shots} {options}: gradient kernel vs emulation {rel('kernel', 'emulation'):.3g}, vs fused bf16 "
+          f"{rel('kernel', 'fused bf16'):.3g}, vs fused fp32 {rel('kernel', 'fused fp32'):.3g}; fused bf16 vs "
+          f"fp32 {rel('fused bf16', 'fused fp32'):.3g}; pi_f/pi_b vs fused bf16 {pi:.3g}", flush=True)
+    # the kernel sums 16 products per tensor-core step in its own order, so it may differ from the emulation by
+    # bf16 roundings of a few values; it must be far closer to fused bf16 than bf16 is to fp32
+    if not rel("kernel", "fused bf16") < rel("fused bf16", "fused fp32") / 10:
+        print("FAIL: the kernel's gradient is not within a tenth of the bf16 gap of the fused bf16 engine's")
+        return 1
+    return 0
 
 
 def cmd_agreement(args: argparse.Namespace) -> int:
-    """crosscheck_putm.py's table with the kernel as the engine: fused fp32 (the specification), the kernel, fused
-    bf16, and the noise floor (fused fp32 on features x (1 + 2^-23))."""
+    """crosscheck_putm.py's table with the kernel as the engine (``solver=hopper``, the way a user runs it): fused
+    fp32 (the specification), the kernel, fused bf16, and the noise floor (fused fp32 on features x (1 + 2^-23))."""
     sys.path.insert(0, str(HERE))
     from bench_methods import synthetic_features
     from lightning_putm.data import sample_episode_bank
     from lightning_putm.methods.putm import PUTM
-    from lightning_putm.methods.putm import method as putm_method
-    from lightning_putm.methods.putm.hopper.launch import HopperEngine
     from lightning_putm.metrics import mean_and_ci95, task_accuracy
 
     features = synthetic_features(dim=640)
     bank = sample_episode_bank(features.labels, 5, args.shots, 75, 2.0, args.tasks, seed=0)
     gathered = bank.gather(features.features, torch.device("cuda"))
-    name = "make_engine"
-    real = getattr(putm_method, name)
 
-    def solve(batch, precision: str, hopper: bool = False) -> tuple[torch.Tensor, float]:
-        options = dict(solver="fused", precision=precision, em_steps=args.em_steps)
-        if hopper:
-            setattr(putm_method, name, lambda navigator, settings, dtype: HopperEngine(navigator, settings))
-        try:
-            PUTM(shots=args.shots, balanced=False, **options).predict(batch.slice(0, 1))
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            out = PUTM(shots=args.shots, balanced=False, **options).predict(batch)
-            torch.cuda.synchronize()
-            return out, time.perf_counter() - start
-        finally:
-            setattr(putm_method, name, real)
+    def solve(batch, solver: str, precision: str) -> tuple[torch.Tensor, float]:
+        options = dict(solver=solver, precision=precision, em_steps=args.em_steps)
+        PUTM(shots=args.shots, balanced=False, **options).predict(batch.slice(0, 1))  # builds the kernels
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        out = PUTM(shots=args.shots, balanced=False, **options).predict(batch)
+        torch.cuda.synchronize()
+        return out, time.perf_counter() - start
 
     batch = gathered.batch
     nudged = dataclasses.replace(batch, support=batch.support * (1 + 2**-23), query=batch.query * (1 + 2**-23))
@@ -228,25 +239,34 @@ def cmd_agreement(args: argparse.Namespace) -> int:
           f"{torch.cuda.get_device_name(0)}; torch {torch.__version__}")
     print("| engine | tasks/s | mean acc % ± CI95 | % same as fp32 fused | max |Δp| vs fp32 fused |")
     print("|---|---|---|---|---|")
+    spec_label, kernel_label, bf16_label = "fused fp32 (spec)", "solver=hopper (bf16)", "fused bf16"
+    floor_label = "fused fp32, features x (1 + 2^-23) (noise floor)"
     rows = {}
-    for label, data, precision, hopper in (("fused fp32 (spec)", batch, "fp32", False),
-                                           ("hopper kernel (bf16)", batch, "fp32", True),
-                                           ("fused bf16", batch, "bf16", False),
-                                           ("fused fp32, features x (1 + 2^-23) (noise floor)", nudged, "fp32", False)):
-        probabilities, seconds = solve(data, precision, hopper)
+    for label, data, solver, precision in ((spec_label, batch, "fused", "fp32"),
+                                           (kernel_label, batch, "hopper", "bf16"),
+                                           (bf16_label, batch, "fused", "bf16"),
+                                           (floor_label, nudged, "fused", "fp32")):
+        try:  # the kernel failing must not hide the other rows
+            probabilities, seconds = solve(data, solver, precision)
+        except Exception as error:
+            print(f"| {label} | FAILED: {first_line(error)} | | | |", flush=True)
+            continue
         rows[label] = probabilities
-        spec = rows["fused fp32 (spec)"]
+        spec = rows.get(spec_label, probabilities)
         mean, ci = mean_and_ci95(100 * task_accuracy(probabilities, gathered.query_labels))
         same = 100 * (probabilities.argmax(2) == spec.argmax(2)).double().mean().item()
         print(f"| {label} | {args.tasks / seconds:.1f} | {mean:.2f} ± {ci:.2f} | {same:.2f} | "
               f"{(probabilities - spec).abs().max().item():.3g} |", flush=True)
-    spec = rows["fused fp32 (spec)"]
+    if not {spec_label, kernel_label, bf16_label} <= set(rows):
+        print("\nFAIL: a row is missing")
+        return 1
+    spec = rows[spec_label]
     same = {k: 100 * (v.argmax(2) == spec.argmax(2)).double().mean().item() for k, v in rows.items()}
-    bf16 = same["fused bf16"]
-    ok = same["hopper kernel (bf16)"] >= bf16 - 0.5
-    print(f"\nkernel: {same['hopper kernel (bf16)']:.2f}% same as fp32 fused; fused bf16 {bf16:.2f}%; fp32 noise floor "
-          f"{same['fused fp32, features x (1 + 2^-23) (noise floor)']:.2f}%. Bound: >= fused bf16 - 0.5 points: "
-          f"{'PASS' if ok else 'FAIL'}")
+    bf16 = same[bf16_label]
+    ok = same[kernel_label] >= bf16 - 0.5
+    floor = f"{same[floor_label]:.2f}%" if floor_label in same else "missing"
+    print(f"\nkernel: {same[kernel_label]:.2f}% same as fp32 fused; fused bf16 {bf16:.2f}%; fp32 noise floor "
+          f"{floor}. Bound: >= fused bf16 - 0.5 points: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 

@@ -209,7 +209,8 @@ def test_every_solver_names_an_engine_whose_own_estimate_sizes_the_chunks():
     from lightning_putm.methods.putm.settings import ENGINES, SOLVERS
     from lightning_putm.methods.putm.solvers import engine_class
 
-    assert SOLVERS == ("auto", *ENGINES) and set(ENGINES) == {"fused", "autograd", "compiled", "triton"}
+    assert SOLVERS == ("auto", *ENGINES) and set(ENGINES) == {"fused", "autograd", "compiled", "triton",
+                                                                     "hopper"}
     for solver in ENGINES:
         engine = engine_class(solver)
         assert issubclass(engine, Engine) and not inspect.isabstract(engine), solver

@@ -156,8 +156,8 @@ MUTANTS = [
     # --- solver, precision
     Mutant("solver ignored (always fused)", PUTM + "solvers.py",
            "return engine_class(settings.solver).build(", 'return engine_class("fused").build('),
-    Mutant("memory sized by the fused engine's estimate whatever the solver", PUTM + "plumbing.py",
-           "engine = engine_class(solver).bytes_per_task", 'engine = engine_class("fused").bytes_per_task'),
+    Mutant("chunks sized (and tasks checked) by the fused engine whatever the solver", PUTM + "plumbing.py",
+           "return engine_class(solver)\n", 'return engine_class("fused")\n'),
     Mutant("precision ignored (float32)", PUTM + "method.py",
            "compute_dtype(resolve_precision(s.precision, x.device))", "torch.float32"),
     Mutant("tf32 also on CPU", PUTM + "precision.py", 'if precision == "tf32" and device.type == "cuda"', 'if precision == "tf32"'),

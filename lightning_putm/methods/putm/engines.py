@@ -16,6 +16,9 @@ on sm_90 GPUs such as the H100, ``compiled`` on other CUDA devices and ``fused``
   the executable specification.
 * :class:`~.triton_engine.TritonEngine` (``triton``): the whole E-step of each task in one fused Triton kernel
   (CUDA; Triton's interpreter on CPU for tests); agrees with ``fused`` to float rounding.
+* :class:`~.hopper.launch.HopperEngine` (``hopper``): the whole E-step of each task in one CUDA C++ kernel for
+  H100/H200 GPUs (sm_90), bf16 products; not yet run on a GPU, never chosen by ``auto``. Its arithmetic is replayed
+  on any device by :class:`~.hopper.emulate.EmulatedEngine` (tests).
 
 All return ``(π_f, π_b)`` of the last Adam step, computed before that step's update, like the reference
 code (github.com/RashLog/PUTM).
@@ -47,6 +50,7 @@ class Engine(abc.ABC):
       is told which tasks still need results (:meth:`keep_only`, which it may use to skip the others);
     * :meth:`whole_em_loop`: where an engine can run the whole EM loop without the host (``None``: it cannot);
     * :meth:`bytes_per_task`: its working memory per task, by which the chunks are sized;
+    * :meth:`unsupported`: tasks it cannot take (by default none), refused before any work;
     * :meth:`build`: how :func:`.solvers.make_engine` constructs it (told whether ``solver=auto`` chose it).
 
     A new engine is a module with a subclass (``run``, ``reinit``, ``bytes_per_task``; ``select`` unless its batch is
@@ -82,6 +86,13 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def reinit(self, generators: list[torch.Generator]) -> None:
         """A new navigator (Algorithm 1's re-draw) and fresh Adam state."""
+
+    @classmethod
+    def unsupported(cls, queries: int, ways: int, m: int, settings: PUTMSettings) -> str | None:
+        """Why this engine cannot take tasks of ``queries`` × ``ways`` pairs in a basis of ``m`` columns with
+        ``settings``: one line naming the key and the fix, which the method raises before any work; ``None`` (the
+        default): it takes any."""
+        return None
 
     def select(self, index: torch.Tensor) -> Engine:
         """An engine for tasks ``index`` only, with their weights and Adam state (a copy): how tasks leave a batch

@@ -14,7 +14,9 @@ from tqdm.auto import tqdm
 
 from lightning_putm.methods.preprocessing import (check_power_transform_input, l2_normalise, power_transform,
                                                   reduce_basis, resolve_basis)
+from lightning_putm.errors import ConfigError
 from lightning_putm.methods.putm.em import EMStep, em_loop
+from lightning_putm.methods.putm.engines import Engine
 from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.methods.putm.plumbing import ChunkedSolver
 from lightning_putm.methods.putm.precision import compute_dtype, resolve_precision
@@ -33,11 +35,19 @@ class PUTM(ChunkedSolver):
     Settings = PUTMSettings
 
     def __init__(self, settings: PUTMSettings | None = None, *, shots: int | None = None, balanced: bool = False,
-                 **options: Any) -> None:
+                 engine: type[Engine] | None = None, **options: Any) -> None:
         """``settings`` or keyword options (``method.putm.*``; :class:`PUTMSettings` declares them), resolved for
         ``shots`` (inertia) and the protocol (``balanced``: rho, theta); also ``memory_budget_mb`` and
-        ``show_progress``. Without ``shots``, ``inertia`` must be given."""
+        ``show_progress``. Without ``shots``, ``inertia`` must be given.
+
+        ``engine``: an :class:`~.engines.Engine` subclass to run the E-steps instead of ``solver``'s, for engines
+        that are no ``solver`` value (Python only, not a config key): the tests run the Hopper kernel's CPU
+        emulation, :class:`.hopper.emulate.EmulatedEngine`, through the method this way."""
+        if engine is not None and not (isinstance(engine, type) and issubclass(engine, Engine)):
+            raise ConfigError(f"putm: engine must be an Engine subclass (Python only; a config chooses the engine "
+                              f"with method.putm.solver), got {engine!r}")
         super().__init__(settings, shots=shots, balanced=balanced, **options)
+        self.engine = engine
         self.settings: PUTMSettings
         self.last_state: dict[str, torch.Tensor] = {}
         #: The precision the last chunk actually ran in (``auto`` resolved for its device).
@@ -71,7 +81,7 @@ class PUTM(ChunkedSolver):
         seeds = tasks.task_seeds.to(x.device) if s.init_draw == "device" else None
         navigator = Navigator([x.shape[2], *s.hidden, 1], generators, s.init_tasks, x.device, x.dtype,
                               s.negative_slope, requires_grad=s.solver == "autograd", seeds=seeds)
-        engine = make_engine(navigator, s, compute_dtype(resolve_precision(s.precision, x.device)))
+        engine = make_engine(navigator, s, compute_dtype(resolve_precision(s.precision, x.device)), self.engine)
         bar = self.show_progress and self.cpu_workers(x.device) <= 1  # worker threads: no bar per part
         progress = partial(tqdm, desc=f"putm EM ({len(x)} tasks)", leave=False, disable=None) if bar else iter
         forward, final_prototypes, em_steps = em_loop(engine, x, one_hot, prototypes, generators, tasks.ways, s,

@@ -6,10 +6,11 @@ determinism); :class:`ChunkedSolver` hands each prepared chunk to :meth:`Chunked
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from lightning_putm.errors import ConfigError
 from lightning_putm.methods.base import FewShotMethod
 from lightning_putm.methods.putm.precision import matmul_precision, resolve_precision
 from lightning_putm.methods.putm.query_order import canonical_query_order, sort_queries, unsort_rows
@@ -18,6 +19,9 @@ from lightning_putm.methods.putm.solvers import engine_class, resolve_solver
 from lightning_putm.methods.putm.workers import (CPU_MAX_CHUNK_TASKS, solve_in_threads, split_among_workers,
                                                  worker_count)
 from lightning_putm.tasks import TaskBatch
+
+if TYPE_CHECKING:
+    from lightning_putm.methods.putm.engines import Engine
 
 
 class ChunkedSolver(FewShotMethod):
@@ -28,20 +32,39 @@ class ChunkedSolver(FewShotMethod):
     last_state: dict[str, torch.Tensor]
     #: The precision the last chunk actually ran in (``auto`` resolved for its device).
     last_precision: str | None
+    #: The E-step engine class in place of ``settings.solver``'s (``PUTM(engine=...)``); ``None``: the solver's.
+    engine: type[Engine] | None = None
 
     @abstractmethod
     def solve_tasks(self, tasks: TaskBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Probabilities ``[T, Q, N]`` of one chunk (queries already in their solving order) and its state."""
 
     # ----------------------------------------------------------------------------------------------- sizes
+    def engine_type(self, device: torch.device) -> type[Engine]:
+        """The class of the E-step engine that will run on ``device``: :attr:`engine` where one was given, else the
+        solver's (``auto`` resolved; a solver that cannot run there raises :class:`ConfigError`)."""
+        if self.engine is not None:
+            return self.engine
+        solver = resolve_solver(self.settings.solver, device, self.settings.precision)
+        return engine_class(solver)
+
     def bytes_per_task(self, tasks: TaskBatch) -> int:
         """One task's rows through the preprocessing (features, basis, coordinates) and its E-step engine's working
-        memory (:meth:`.engines.Engine.bytes_per_task` of the solver that will run)."""
+        memory (:meth:`.engines.Engine.bytes_per_task` of the engine that will run)."""
         n = tasks.num_support + tasks.num_queries
         m = min(tasks.dim, n)
-        solver = resolve_solver(self.settings.solver, tasks.support.device, self.settings.precision)
-        engine = engine_class(solver).bytes_per_task(tasks.num_queries * tasks.ways, m, self.settings)
+        engine = self.engine_type(tasks.support.device).bytes_per_task(tasks.num_queries * tasks.ways, m,
+                                                                       self.settings)
         return 4 * n * (tasks.dim + 2 * m) + engine
+
+    def check_input(self, tasks: TaskBatch) -> None:
+        """Besides the base checks, tasks the engine cannot take (``solver=hopper``'s shapes,
+        :meth:`.engines.Engine.unsupported`) are a :class:`ConfigError` before any work."""
+        super().check_input(tasks)
+        m = min(tasks.dim, tasks.num_support + tasks.num_queries)
+        reason = self.engine_type(tasks.support.device).unsupported(tasks.num_queries, tasks.ways, m, self.settings)
+        if reason is not None:
+            raise ConfigError(reason)
 
     def chunk_size(self, tasks: TaskBatch) -> int:
         """Tasks per chunk: the memory budget's, capped at ``max_chunk_tasks`` (default on CPU:

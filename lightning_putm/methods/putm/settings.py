@@ -27,7 +27,8 @@ PROTOTYPE_UPDATES = ("forward", "backward", "mixed")
 #: first use (:func:`.solvers.engine_class`). A new engine is a module holding an :class:`.engines.Engine` subclass
 #: and one line here (docs/design.md, "The engine layer").
 ENGINES = {"compiled": "compiled.CompiledEngine", "fused": "engines.FusedEngine",
-           "autograd": "engines.AutogradEngine", "triton": "triton_engine.TritonEngine"}
+           "autograd": "engines.AutogradEngine", "triton": "triton_engine.TritonEngine",
+           "hopper": "hopper.launch.HopperEngine"}
 #: ``solver``: ``auto`` (chosen by device, :func:`.solvers.resolve_solver`) or an engine of :data:`ENGINES`.
 SOLVERS = ("auto", *ENGINES)
 INIT_DRAWS = ("cpu", "device")
@@ -79,7 +80,9 @@ class PUTMSettings(MethodOptions):
                               "compiled = fused's maths with device-side Adam counters, a torch.compile'd step and "
                               "the Adam steps replayed as one CUDA graph; agrees with fused to float rounding | "
                               "triton = one fused Triton kernel per E-step and an M-step kernel, the EM loop on the "
-                              "device (CUDA; TRITON_INTERPRET=1 runs it on CPU for tests). Speed: docs/gpu.md")
+                              "device (CUDA; TRITON_INTERPRET=1 runs it on CPU for tests) | hopper = one CUDA C++ kernel "
+                              "per E-step for H100/H200 (sm_90), bf16 products, navigator 128 -> 64 -> 1; not yet run "
+                              "on a GPU, never picked by auto. Speed: docs/gpu.md")
     init_draw: str = option("cpu", choices=INIT_DRAWS, help="navigator draws: cpu = per-task torch.Generator on the CPU "
                                                         "(the published numbers) | device = counter-based hash -> "
                                                         "Box-Muller normals on the solver's device, no copies (another "
@@ -137,6 +140,12 @@ class PUTMSettings(MethodOptions):
             from lightning_putm.methods.putm.triton_support import unavailable_reason
 
             reason = unavailable_reason(None)
+            if reason is not None:
+                raise ConfigError(reason)
+        if self.solver == "hopper":  # the same, and options the kernel does not have
+            from lightning_putm.methods.putm.hopper.support import device_reason, settings_reason
+
+            reason = settings_reason(self.hidden, self.precision) or device_reason(None)
             if reason is not None:
                 raise ConfigError(reason)
         return self.replace(**changes) if changes else self

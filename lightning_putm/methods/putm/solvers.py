@@ -31,12 +31,20 @@ def resolve_solver(solver: str, device: torch.device, precision: str = "auto") -
     On CPU ``fused`` stays the default: it is the bit-exact engine and ``compiled`` was not faster on a 2-core CPU
     (docs/gpu.md). On an H100 the fused Triton kernel solved 2.6x as many tasks per second as ``compiled`` with
     the same agreement with the fp32 engine (docs/gpu.md); the kernel has not run on other GPU generations.
-    ``triton`` where it cannot run (no CUDA device, no Triton interpreter) raises :class:`ConfigError`.
+    ``triton`` where it cannot run (no CUDA device, no Triton interpreter) raises :class:`ConfigError`, and so does
+    ``hopper`` off an sm_90 GPU or without NVRTC (:mod:`.hopper.support`). ``auto`` never picks ``hopper``: it has not
+    yet run on a GPU.
     """
     from lightning_putm.methods.putm.triton_support import unavailable_reason
 
     if solver == "triton":
         reason = unavailable_reason(device)
+        if reason is not None:
+            raise ConfigError(reason)
+    if solver == "hopper":  # never chosen by auto: it has not run on a GPU yet
+        from lightning_putm.methods.putm.hopper.support import device_reason
+
+        reason = device_reason(device)
         if reason is not None:
             raise ConfigError(reason)
     if solver != "auto":
@@ -64,8 +72,13 @@ def engine_class(solver: str) -> type[Engine]:
     return getattr(importlib.import_module(f"lightning_putm.methods.putm.{module}"), name)
 
 
-def make_engine(navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype) -> Engine:
-    """The E-step engine chosen by ``settings.solver`` (``auto`` resolved for the navigator's device)."""
+def make_engine(navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype,
+                engine: type[Engine] | None = None) -> Engine:
+    """The E-step engine chosen by ``settings.solver`` (``auto`` resolved for the navigator's device), or of class
+    ``engine`` where one is given (``PUTM(engine=...)``: an engine that is no ``solver`` value, such as the Hopper
+    kernel's CPU emulation)."""
+    if engine is not None:
+        return engine.build(navigator, settings, compute_dtype)
     chosen = settings.solver
     settings = dataclasses.replace(settings, solver=resolve_solver(settings.solver, navigator.flat.device,
                                                                    settings.precision))

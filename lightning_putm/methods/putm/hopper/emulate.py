@@ -13,18 +13,18 @@ What it cannot replay: the order of the 16 products inside one tensor-core instr
 ``exp``, square root and reciprocal (``__expf``, ``sqrt.approx``, ``rcp.approx``: within 2 ulp; here the exact
 functions), and the order of the CT head's and of ``w3``'s fp32 sums. Each is a float-rounding difference.
 
-:class:`EmulatedEngine` runs it as an E-step engine of :func:`..em.em_loop` (the methods the loop calls), so the
-emulation can be checked end to end against the ``fused`` engine (tests/test_putm_hopper.py).
+:class:`EmulatedEngine` runs it as an E-step :class:`~..engines.Engine`, so the emulation runs the ordinary EM loop
+(``PUTM(engine=EmulatedEngine)``) and is checked end to end against the ``fused`` engine (tests/test_putm_hopper.py).
+:class:`KernelEngine` is what it shares with the GPU engine, :class:`.launch.HopperEngine`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
-
 import torch
 
 from lightning_putm.methods.putm.adam import ADAM_EPS
-from lightning_putm.methods.putm.hopper.layout import B1, B2, H1, H2, PASS, W1, W2, Layout
+from lightning_putm.methods.putm.engines import Engine
+from lightning_putm.methods.putm.hopper.layout import B1, B2, H1, H2, PASS, THREADS, W1, W2, Layout
 from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.methods.putm.settings import PUTMSettings
 
@@ -209,19 +209,69 @@ def adam(params: torch.Tensor, mean: torch.Tensor, square: torch.Tensor, grad: t
     params.copy_(params + (-step_size) * (mean / (square.sqrt() / bc2 + ADAM_EPS)))
 
 
-class EmulatedEngine:
-    """:func:`e_step` as an E-step engine for :func:`..em.em_loop` (the methods it calls; a fixed batch, like the
-    kernel's: settled tasks are skipped through an ``active`` mask)."""
+class KernelEngine(Engine):
+    """What the kernel's two engines share (:class:`EmulatedEngine` here, :class:`.launch.HopperEngine`): fp32 Adam
+    moments laid out like the navigator's flat buffer, Adam's step count carried across E-steps (the bias
+    corrections of a schedule), bf16 products whatever ``compute_dtype`` is asked (``solver=hopper`` refuses any
+    other ``precision`` first, :mod:`.support`), and a fixed batch: settled tasks are skipped through an ``active``
+    mask, as the kernel's blocks return at once for them."""
 
     fixed_batch = True
+    #: The dtype of :attr:`active` the kernel reads (int8) or the emulation indexes with (bool).
+    active_dtype = torch.bool
 
-    def __init__(self, navigator: Navigator, settings: PUTMSettings) -> None:
-        self.navigator, self.settings = navigator, settings
-        self.compute_dtype = torch.bfloat16
+    def __init__(self, navigator: Navigator, settings: PUTMSettings,
+                 compute_dtype: torch.dtype = torch.bfloat16) -> None:
+        super().__init__(navigator, settings, torch.bfloat16)
         self.exp_avg = torch.zeros_like(navigator.flat)
         self.exp_avg_sq = torch.zeros_like(navigator.flat)
         self.steps = 0
-        self.active = torch.ones(navigator.num_tasks, dtype=torch.bool, device=navigator.flat.device)
+        self.active = torch.ones(navigator.num_tasks, dtype=self.active_dtype, device=navigator.flat.device)
+
+    @classmethod
+    def unsupported(cls, queries: int, ways: int, m: int, settings: PUTMSettings) -> str | None:
+        from lightning_putm.methods.putm.hopper.support import settings_reason, shape_reason
+
+        return settings_reason(settings.hidden, settings.precision) or shape_reason(queries, ways, m)
+
+    def layout(self, query: torch.Tensor, ways: int) -> Layout:
+        """The kernel's layout for this E-step's shape (refused with the reason where it cannot take it: the
+        method checks it before any work, :meth:`unsupported`, so this is a guard)."""
+        layout = Layout(query.shape[1], ways, query.shape[2])
+        reason = layout.unsupported()
+        if reason is not None:
+            raise ValueError(f"the Hopper kernel does not take this shape: {reason}")
+        return layout
+
+    def reinit(self, generators: list[torch.Generator]) -> None:
+        self.navigator.redraw(generators)
+        self.exp_avg.zero_()
+        self.exp_avg_sq.zero_()
+        self.steps = 0
+
+    def keep_only(self, live: torch.Tensor) -> None:
+        self.active = live.to(device=self.navigator.flat.device, dtype=self.active_dtype)
+
+
+class EmulatedEngine(KernelEngine):
+    """:func:`e_step` as an E-step engine (any device): the CPU stand-in of :class:`.launch.HopperEngine`, run
+    through the EM loop by handing it to the method (``PUTM(engine=EmulatedEngine)``); not a ``solver`` value."""
+
+    @classmethod
+    def bytes_per_task(cls, pairs: int, m: int, settings: PUTMSettings) -> int:
+        """:func:`e_step`'s largest tensors per task (fp32 unless said): the navigator, its two moments and the
+        step's copy of it; the slots' W, m, v, their gradient and their flat positions (two int64 tables); the
+        padded inputs and their staged bias copy; h1, h2 and their gradients with one product's temporary each;
+        ∂W1ᵀ, ∂W2ᵀ; the bf16-rounded weight copies; the costs, π_f, π_b and the CT head's terms."""
+        layout = Layout(1, 1, m)
+        params = Navigator.numel([m, *settings.hidden, 1], 1)
+        slot_words = layout.slots * THREADS
+        rows = layout.row_stride
+        padded = -(-pairs // PASS) * PASS
+        activations = padded * (rows + (H1 + 8) + 2 * (2 * H1 + 2 * H2))
+        accumulators = H1 * rows + H2 * (H1 + 8)
+        return 4 * (5 * params + (layout.workspace_floats + slot_words + 4 * slot_words) + activations
+                    + accumulators + 10 * pairs)
 
     def schedule(self) -> torch.Tensor:
         """Adam's ``lr / (1 − β1^s)`` and ``√(1 − β2^s)`` of this E-step's steps, in double then float32."""
@@ -234,25 +284,9 @@ class EmulatedEngine:
     def run(self, query: torch.Tensor, prototypes: torch.Tensor, ways: int) -> tuple[torch.Tensor, torch.Tensor]:
         from lightning_putm.methods.putm.step import pair_inputs
 
-        layout = Layout(query.shape[1], ways, query.shape[2])
-        reason = layout.unsupported()
-        if reason is not None:
-            raise ValueError(f"the Hopper kernel does not take this shape: {reason}")
+        layout = self.layout(query, ways)
         cost = pair_inputs(query, prototypes)[1]
         out = e_step(layout, query, prototypes, cost, self.navigator, self.exp_avg, self.exp_avg_sq,
                      self.schedule(), self.active, self.settings)
         self.steps += self.settings.inner_steps
         return out
-
-    def reinit(self, generators: list[torch.Generator]) -> None:
-        self.navigator.redraw(generators)
-        self.exp_avg.zero_()
-        self.exp_avg_sq.zero_()
-        self.steps = 0
-
-    def keep_only(self, live: torch.Tensor) -> None:
-        self.active = live.to(device=self.navigator.flat.device, dtype=torch.bool)
-
-    def whole_em_loop(self, rows: torch.Tensor, one_hot: torch.Tensor, prototypes: torch.Tensor, ways: int,
-                      progress: Callable[[Iterable[int]], Iterable[int]] = iter) -> None:
-        return None

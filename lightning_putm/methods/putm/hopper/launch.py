@@ -1,23 +1,20 @@
 """Running the Hopper kernel on a GPU: its cubin (:mod:`.build`) loaded and launched through the CUDA driver API.
 
 The driver (``libcuda``) is reached with ctypes, so nothing is compiled at install time and no C++ extension is
-needed; launches go to torch's current stream, on the context torch made current. :class:`HopperEngine` offers the
-methods :func:`..em.em_loop` calls (like :class:`.emulate.EmulatedEngine`): one launch per E-step, one block per
-task. It is not yet a ``putm.solver``: until a GPU run has checked it (benchmarks/hopper_check.py), only that script
-uses it.
+needed; launches go to torch's current stream, on the context torch made current. :class:`HopperEngine` is the
+``solver=hopper`` engine: one launch per E-step, one block per task. It has not yet run on a GPU
+(benchmarks/hopper_check.py is the first check), so ``solver=auto`` never picks it.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Callable, Iterable
-
 import torch
 
 from lightning_putm.methods.putm.adam import ADAM_EPS
 from lightning_putm.methods.putm.hopper import build
-from lightning_putm.methods.putm.hopper.emulate import Parts
+from lightning_putm.methods.putm.hopper.emulate import KernelEngine, Parts
 from lightning_putm.methods.putm.hopper.layout import THREADS, Layout
 from lightning_putm.methods.putm.navigator import Navigator
 from lightning_putm.methods.putm.settings import PUTMSettings
@@ -80,20 +77,30 @@ def kernel(queries: int, ways: int, dim: int, exact_adam: bool = False) -> Kerne
     return Kernel(Layout(queries, ways, dim), exact_adam)
 
 
-class HopperEngine:
-    """The E-step as one launch of the Hopper kernel (CUDA tensors; a fixed batch with an ``active`` mask)."""
+class HopperEngine(KernelEngine):
+    """The E-step as one launch of the Hopper kernel, one block per task (``solver=hopper``; CUDA tensors on an
+    sm_90 GPU, checked before any work by :mod:`.support`). ``exact_adam``: the correctly rounded Adam
+    (benchmarks/hopper_check.py compares both)."""
 
-    fixed_batch = True
+    active_dtype = torch.int8
 
-    def __init__(self, navigator: Navigator, settings: PUTMSettings, exact_adam: bool = False) -> None:
-        self.navigator, self.settings, self.exact_adam = navigator, settings, exact_adam
-        self.compute_dtype = torch.bfloat16
-        self.exp_avg = torch.zeros_like(navigator.flat)
-        self.exp_avg_sq = torch.zeros_like(navigator.flat)
-        self.steps = 0
-        self.active = torch.ones(navigator.num_tasks, dtype=torch.int8, device=navigator.flat.device)
+    def __init__(self, navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype = torch.bfloat16,
+                 exact_adam: bool = False) -> None:
+        super().__init__(navigator, settings, compute_dtype)
+        self.exact_adam = exact_adam
         self._work: torch.Tensor | None = None
         self._schedule = torch.empty(0, 2)
+
+    @classmethod
+    def bytes_per_task(cls, pairs: int, m: int, settings: PUTMSettings) -> int:
+        """Device memory one task's E-step holds (fp32 words, :class:`.layout.Layout`): the navigator's flat segment
+        and Adam's two moments; the block's workspace (W, m, v of every slot of its 256 threads); the costs, π_f
+        and π_b; the queries' contiguous copy (``Q·m`` words, counted as ``pairs·m``: the pairs' count is what this
+        is told, and ``Q ≤ pairs``). Not per task: the schedule, the slot table, and the squared differences of
+        :func:`.triton_engine.pair_costs` (of at most 512 tasks at a time)."""
+        params = Navigator.numel([m, *settings.hidden, 1], 1)
+        workspace = Layout(1, 1, m).workspace_floats  # the slots depend on the basis width only
+        return 4 * (3 * params + workspace + 3 * pairs + pairs * m)
 
     def schedule(self, steps: int) -> torch.Tensor:
         if len(self._schedule) < steps:
@@ -110,15 +117,12 @@ class HopperEngine:
 
         s, nav = self.settings, self.navigator
         t, q, m = query.shape
-        layout = Layout(q, ways, m)
-        reason = layout.unsupported()
-        if reason is not None:
-            raise ValueError(f"the Hopper kernel does not take this shape: {reason}")
+        layout = self.layout(query, ways)
         compiled = kernel(q, ways, m, self.exact_adam)
         query, prototypes = query.contiguous(), prototypes.contiguous()
         cost = pair_costs(query, prototypes).contiguous()
         forward, backward = torch.zeros_like(cost), torch.zeros_like(cost)
-        words = t * 3 * layout.slots * THREADS
+        words = t * layout.workspace_floats
         if self._work is None or self._work.numel() != words:
             self._work = torch.empty(words, device=query.device)
         index = layout.slot_index.to(query.device).contiguous()
@@ -139,16 +143,3 @@ class HopperEngine:
         self._keep = (index, cost, schedule)  # alive until the launch has run (stream order)
         self.steps += s.inner_steps
         return forward, backward
-
-    def reinit(self, generators: list[torch.Generator]) -> None:
-        self.navigator.redraw(generators)
-        self.exp_avg.zero_()
-        self.exp_avg_sq.zero_()
-        self.steps = 0
-
-    def keep_only(self, live: torch.Tensor) -> None:
-        self.active = live.to(device=self.navigator.flat.device, dtype=torch.int8)
-
-    def whole_em_loop(self, rows: torch.Tensor, one_hot: torch.Tensor, prototypes: torch.Tensor, ways: int,
-                      progress: Callable[[Iterable[int]], Iterable[int]] = iter) -> None:
-        return None

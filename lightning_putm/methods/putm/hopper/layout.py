@@ -81,6 +81,11 @@ class Layout:
         return 4 * self.w1_blocks + 36
 
     @property
+    def workspace_floats(self) -> int:
+        """fp32 words of one block's workspace in device memory: W, m and v of every slot of every thread."""
+        return 3 * self.slots * THREADS
+
+    @property
     def shared_bytes(self) -> int:
         """Dynamic shared memory of a block (``e_step.cu``'s ``SMEM_BYTES``)."""
         bf16 = 2 * (self.padded_pairs * self.row_stride + H1 * self.row_stride + H1 * W2S + 2 * PASS * H1S
