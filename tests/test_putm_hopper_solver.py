@@ -33,10 +33,13 @@ def nvrtc_here() -> bool:
 
 @pytest.fixture
 def gpu(monkeypatch):
-    """A simulated CUDA device whose compute capability the test sets (``gpu(9, 0)``)."""
-    def simulate(major: int, minor: int) -> None:
+    """A simulated CUDA device whose compute capability the test sets (``gpu(9, 0)``), with a driver that supports
+    the CUDA version ``driver`` (default: the installed NVRTC's, or 13.0 where there is none)."""
+    def simulate(major: int, minor: int, driver: tuple[int, int] | None = None) -> None:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (major, minor))
+        supported = driver or (build.nvrtc_version() if nvrtc_here() else (13, 0))
+        monkeypatch.setattr(build, "driver_version", lambda: supported)
     return simulate
 
 
@@ -97,6 +100,26 @@ def test_an_sm90_gpu_with_nvrtc_is_accepted(gpu):
     gpu(9, 0)
     method = PUTM(shots=1, balanced=False, solver="hopper")
     assert method.engine_type(torch.device("cuda")) is HopperEngine
+
+
+def test_a_driver_older_than_nvrtc_is_refused_naming_both_versions(gpu):
+    """A cubin built by NVRTC 13.0 does not load on a driver that supports CUDA 12.8 at most (torch's CUDA 13
+    wheels on an R570 driver): refused when the options are checked, naming both versions and the fixes; a
+    driver exactly as new as NVRTC is accepted (the control). Kills: no version check (an error from the driver's
+    module loader at the first E-step), a check that compares the wrong way round, one that refuses equal
+    versions."""
+    if not nvrtc_here():
+        pytest.skip("NVRTC is not installed here (it ships with torch's CUDA wheels)")
+    major, minor = build.nvrtc_version()
+    older = (major - 1, 8) if minor == 0 else (major, minor - 1)
+    gpu(9, 0, driver=older)
+    message = refusal()
+    assert f"NVRTC {major}.{minor}" in message and f"CUDA {older[0]}.{older[1]}" in message, message
+    assert "update the driver" in message
+    gpu(9, 0, driver=(major, minor))
+    assert PUTM(shots=1, balanced=False, solver="hopper").engine_type(torch.device("cuda")) is HopperEngine
+    gpu(9, 0, driver=(major + 1, 0))
+    assert PUTM(shots=1, balanced=False, solver="hopper").engine_type(torch.device("cuda")) is HopperEngine
 
 
 @pytest.mark.parametrize("options,named", [({"hidden": [64, 32]}, "hidden=[64, 32]"),

@@ -94,6 +94,24 @@ def nvrtc_version() -> tuple[int, int]:
     return major.value, minor.value
 
 
+@functools.cache
+def driver() -> ctypes.CDLL:
+    """The CUDA driver's library, which loads the kernel NVRTC builds (:mod:`.launch`)."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as error:
+        raise ToolchainMissing(f"putm hopper kernel: the CUDA driver (libcuda.so.1) is not here ({error})")
+
+
+def driver_version() -> tuple[int, int]:
+    """The CUDA version the installed driver supports (``cuDriverGetVersion``: 13000 → (13, 0)). A cubin built by
+    a newer NVRTC than this does not load."""
+    version = ctypes.c_int()
+    if driver().cuDriverGetVersion(ctypes.byref(version)) != 0:
+        raise ToolchainMissing("putm hopper kernel: cuDriverGetVersion failed")
+    return version.value // 1000, version.value % 1000 // 10
+
+
 def defines(queries: int, ways: int, dim: int, exact_adam: bool = False, full_unroll: bool = False) -> list[str]:
     """The macros of a build: the task shape, the Adam flavour, the counting build's unrolled passes."""
     flags = [f"-DQ={queries}", f"-DN={ways}", f"-DM={dim}"]

@@ -22,12 +22,8 @@ from lightning_putm.methods.putm.settings import PUTMSettings
 _MAX_DYNAMIC_SHARED = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
 
-@functools.cache
-def driver() -> ctypes.CDLL:
-    try:
-        return ctypes.CDLL("libcuda.so.1")
-    except OSError as error:
-        raise build.ToolchainMissing(f"putm hopper kernel: the CUDA driver (libcuda.so.1) is not here ({error})")
+#: The CUDA driver's library (libcuda.so.1), loaded once (:func:`.build.driver`).
+driver = build.driver
 
 
 def _check(result: int, what: str) -> None:

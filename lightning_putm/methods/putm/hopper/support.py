@@ -34,7 +34,8 @@ def settings_reason(hidden: tuple[int, ...], precision: str) -> str | None:
 
 def device_reason(device: torch.device | None) -> str | None:
     """Why the kernel cannot run on ``device`` (``None``: this machine's current CUDA device), or ``None``: a CUDA
-    device of capability 9.0 and NVRTC to build the kernel."""
+    device of capability 9.0, NVRTC to build the kernel, and a driver at least as new as that NVRTC (a cubin
+    from a newer compiler does not load)."""
     if device is not None and device.type != "cuda":
         return f"{KEY} needs an H100/H200 GPU (sm_90; this run is on {device.type}); {FIX}"
     if not torch.cuda.is_available():
@@ -52,6 +53,15 @@ def device_reason(device: torch.device | None) -> str | None:
     except build.ToolchainMissing as missing:
         text = str(missing).splitlines()[0].removeprefix("putm hopper kernel: ")
         return f"{KEY} cannot build its kernel: {text}; or {FIX}"
+    try:
+        supported, compiler = build.driver_version(), build.nvrtc_version()
+    except build.ToolchainMissing as error:
+        return f"{KEY} cannot ask the CUDA driver its version ({str(error).splitlines()[0]}); {FIX}"
+    if supported < compiler:
+        have, need = ".".join(map(str, supported)), ".".join(map(str, compiler))
+        return (f"{KEY} builds its kernel with NVRTC {need}, which this CUDA driver (CUDA {have}) cannot load; "
+                f"update the driver, or install the NVRTC of CUDA {have} (pip's nvidia-cuda-nvrtc of that "
+                f"version), or {FIX}")
     return None
 
 
