@@ -292,7 +292,7 @@ def test_accuracy_vs_k_eff_orders_k_eff_puts_all_last_and_draws_each_methods_acc
 
     Kills: K_eff ordered as text or in run order (5 before 1), the default protocol's rows (K_eff empty) dropped or
     put first, a line of another shot's or method's accuracies, a figure that mixes α silently."""
-    from lightning_putm.evaluation.plots import KEFF_LINE_GID, _accuracy_vs_query_classes_figure
+    from lightning_putm.evaluation.keff_plot import KEFF_LINE_GID, _accuracy_vs_query_classes_figure
 
     accuracy = {("putm", 1): [81, 71, 91, 95], ("putm", 5): [82, 72, 92, 96], ("ptmap", 1): [41, 21, 31, 97],
                 ("ptmap", 5): [42, 22, 32, 98]}  # in the rows' K_eff order 5, 1, 3, all

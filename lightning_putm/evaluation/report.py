@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from lightning_putm.atomic import atomic_write_dict_csv, atomic_write_text
-from lightning_putm.evaluation import plot_style, plots
+from lightning_putm.evaluation import keff_plot, plot_style, plots
 from lightning_putm.evaluation.records import (QUERY_CLASSES_COLUMN, Provenance, Summary, summary_columns,
                                                uses_query_classes)
 from lightning_putm.evaluation.runner import SettingResult
@@ -198,7 +198,7 @@ def make_plots(results: Sequence[SettingResult], feature_set: FeatureSet, settin
         rows = [s for s in summaries if s.alpha == alpha]
         if len({s.query_classes for s in rows}) > 1:
             name = f"accuracy_vs_keff_alpha_{rows[0].alpha_label}"
-            figures[name] = plots.plot_accuracy_vs_query_classes(
+            figures[name] = keff_plot.plot_accuracy_vs_query_classes(
                 rows, folder / f"{name}.png", dataset=dataset, ways=settings.ways, queries=settings.queries)
     case = putm_case_study(results, feature_set, settings, task)
     if case is not None:
