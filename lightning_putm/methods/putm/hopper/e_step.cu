@@ -441,30 +441,38 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
         for (int kb = 0; kb < 8; ++kb)  // stage h1 [row][h] (column 128 stays 1)
           stsm_x4(sb + OFF_H1 + ((lrow + (lane & 15)) * H1S + kb * 16 + (lane >> 4) * 8) * 2,
                   aH1[kb][0], aH1[kb][1], aH1[kb][2], aH1[kb][3]);
-        float acc[16][4];  // g1 = g2 W2^T: B = W2 stored [h][j] = [n][k], non-transposed ldmatrix
+        // g1 = g2 W2^T in two halves of 64 h-columns (half the accumulators live at a time, and aH1's first half
+        // dies before the second starts: what keeps the 5-shot build's dW1^T accumulators out of local memory; the
+        // same instructions, every element's k-order unchanged). B = W2 stored [h][j] = [n][k], non-transposed
 #pragma unroll
-        for (int n = 0; n < 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+        for (int half = 0; half < 2; ++half) {
+          float acc[8][4];
 #pragma unroll
-        for (int ks = 0; ks < H2 / 16; ++ks) {
+          for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
-          for (int nb = 0; nb < 8; ++nb) {
-            u32 b0, b1, b2, b3;
-            ldsm_x4(b0, b1, b2, b3,
-                    sb + OFF_W2 + ((nb * 16 + (lane & 7) + (lane >> 4) * 8) * W2S + ks * 16 + ((lane >> 3) & 1) * 8) * 2);
-            mma16(acc[2 * nb], aG2[ks][0], aG2[ks][1], aG2[ks][2], aG2[ks][3], b0, b1);
-            mma16(acc[2 * nb + 1], aG2[ks][0], aG2[ks][1], aG2[ks][2], aG2[ks][3], b2, b3);
+          for (int ks = 0; ks < H2 / 16; ++ks) {
+#pragma unroll
+            for (int nq = 0; nq < 4; ++nq) {
+              const int nb = half * 4 + nq;
+              u32 b0, b1, b2, b3;
+              ldsm_x4(b0, b1, b2, b3,
+                      sb + OFF_W2 + ((nb * 16 + (lane & 7) + (lane >> 4) * 8) * W2S + ks * 16 + ((lane >> 3) & 1) * 8) * 2);
+              mma16(acc[2 * nq], aG2[ks][0], aG2[ks][1], aG2[ks][2], aG2[ks][3], b0, b1);
+              mma16(acc[2 * nq + 1], aG2[ks][0], aG2[ks][1], aG2[ks][2], aG2[ks][3], b2, b3);
+            }
           }
-        }
 #pragma unroll
-        for (int kb = 0; kb < 8; ++kb) {  // bf16, LeakyReLU's backward against h1, stage g1 [row][h]
-          u32 r[4];
+          for (int kq = 0; kq < 4; ++kq) {  // bf16, LeakyReLU's backward against h1, stage g1 [row][h]
+            const int kb = half * 4 + kq;
+            u32 r[4];
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int n = 2 * kb + hh;
-            r[hh * 2 + 0] = leaky2_back(pack(acc[n][0], acc[n][1]), aH1[kb][hh * 2 + 0], sl);
-            r[hh * 2 + 1] = leaky2_back(pack(acc[n][2], acc[n][3]), aH1[kb][hh * 2 + 1], sl);
+            for (int hh = 0; hh < 2; ++hh) {
+              const int n = 2 * kq + hh;
+              r[hh * 2 + 0] = leaky2_back(pack(acc[n][0], acc[n][1]), aH1[kb][hh * 2 + 0], sl);
+              r[hh * 2 + 1] = leaky2_back(pack(acc[n][2], acc[n][3]), aH1[kb][hh * 2 + 1], sl);
+            }
+            stsm_x4(sb + OFF_G1 + ((lrow + (lane & 15)) * H1S + kb * 16 + (lane >> 4) * 8) * 2, r[0], r[1], r[2], r[3]);
           }
-          stsm_x4(sb + OFF_G1 + ((lrow + (lane & 15)) * H1S + kb * 16 + (lane >> 4) * 8) * 2, r[0], r[1], r[2], r[3]);
         }
       }
       __syncthreads();
