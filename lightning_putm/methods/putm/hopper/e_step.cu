@@ -49,9 +49,11 @@ enum : int {
   NB1 = XS / 8,                                    // n-blocks of dW1^T (bias column M included)
   H1S = 136, H2S = 72, W2S = 72,                   // strides of the staged h1|1, g1, g2 and of sW2 [h][j]
   SLOTS = 4 * NB1 + 36, NQ = SLOTS / 4,            // fp32 state per thread: dW1^T then dW2^T fragments
+  SCR = 36,                                        // row of w3's gradient scratch (float2), 32 lanes + 4
 };
 static_assert(P <= 3 * PASS, "at most 384 pairs (shared memory)");
 static_assert(N <= NWARPS && Q <= THREADS, "CT head: a warp per class, a thread per query");
+static_assert(8 * SCR * 8 <= 16 * H1S * 2, "w3's gradient scratch fits in a warp's 16 rows of staged g1");
 static_assert(M % 2 == 0 && NB1 <= 15, "an even basis width of at most 112 (the bias column pairs with a padding column)");
 
 // shared memory, byte offsets (every array 16-byte aligned)
@@ -408,13 +410,12 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
     __syncthreads();
 
     // ---------------------------------------------------------------- backward
-    float dw1[NB1][4], dw2[9][4], gw3[8][2];
+    float dw1[NB1][4], dw2[9][4];
+    float2 gw3 = make_float2(0.f, 0.f);  // w3's gradient, columns 8g + 2t and + 1, summed over the warp's rows
 #pragma unroll
     for (int n = 0; n < NB1; ++n) dw1[n][0] = dw1[n][1] = dw1[n][2] = dw1[n][3] = 0.f;
 #pragma unroll
     for (int n = 0; n < 9; ++n) dw2[n][0] = dw2[n][1] = dw2[n][2] = dw2[n][3] = 0.f;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) gw3[n][0] = gw3[n][1] = 0.f;
     const int lrow = warp * 16, jb = warp & 3, hb = warp >> 2;
     PASS_UNROLL
     for (int pass = 0; pass < PASSES; ++pass) {
@@ -425,10 +426,25 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
         const float gr = bf16r(s.gout[row0 + g]), gr8 = bf16r(s.gout[row0 + g + 8]);  // the bf16 gradient
         const u32 grp = pack(gr, gr), grp8 = pack(gr8, gr8);
         u32 aG2[4][4];
+        // w3's gradient over the warp's 16 rows: each thread's 2 rows x 16 columns into a scratch in the warp's own
+        // g1 rows (free until g1 is staged below), then thread (g, t) sums its columns 8g + 2t, + 1 over the 8 row
+        // groups. 2 registers carried over the passes instead of 16 (what keeps the 5-shot build within 64 B of
+        // spills). Scratch [n][lane] float2 with a row of 36: conflict-free 64-bit stores and loads.
+        float2* scratch = reinterpret_cast<float2*>(smem_raw + OFF_G1 + lrow * H1S * 2);
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          scratch[n * SCR + lane] = make_float2(fmaf(gr, lo_of(h2[n][0]), gr8 * lo_of(h2[n][1])),
+                                                fmaf(gr, hi_of(h2[n][0]), gr8 * hi_of(h2[n][1])));
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const float2 v = scratch[g * SCR + 4 * r + t];
+          gw3.x += v.x;
+          gw3.y += v.y;
+        }
+        __syncwarp();  // read before g1 overwrites the scratch
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
-          gw3[n][0] = fmaf(gr, lo_of(h2[n][0]), fmaf(gr8, lo_of(h2[n][1]), gw3[n][0]));
-          gw3[n][1] = fmaf(gr, hi_of(h2[n][0]), fmaf(gr8, hi_of(h2[n][1]), gw3[n][1]));
           // g3 w3^T: a bf16 product of bf16 values, rounded once (one HMUL2 per pair)
           aG2[n >> 1][(n & 1) * 2 + 0] = leaky2_back(hmul2(grp, s.w3p[n * 4 + t]), h2[n][0], sl);
           aG2[n >> 1][(n & 1) * 2 + 1] = leaky2_back(hmul2(grp8, s.w3p[n * 4 + t]), h2[n][1], sl);
@@ -572,17 +588,8 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
         s.b2[jb * 16 + g + 8] = bf16r(neww[4 * NB1 + 34]);
       }
     }
-    // w3's gradient: the per-thread sums over the 8 row groups, then over the warps (a fixed order)
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float v = gw3[n][e];
-        v += __shfl_xor_sync(0xffffffff, v, 4);
-        v += __shfl_xor_sync(0xffffffff, v, 8);
-        v += __shfl_xor_sync(0xffffffff, v, 16);
-        if (g == 0) s.red[warp * H2 + n * 8 + 2 * t + e] = v;
-      }
+    // w3's gradient: each warp's sums, then over the warps (a fixed order)
+    *reinterpret_cast<float2*>(&s.red[warp * H2 + 8 * g + 2 * t]) = gw3;
     __syncthreads();
     if (tid <= H2) {  // threads 0..63: w3[tid] (a bf16 product output); thread 64: b3 (fp32 sum of dL/dlogit)
       float gsum = 0.f;
