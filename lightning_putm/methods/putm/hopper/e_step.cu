@@ -9,9 +9,10 @@
 //   forward   3 passes of 128 pairs (warp w: 16 rows); L1 -> L2 chained in registers (an accumulator fragment
 //             re-packed as the next product's A fragment); L3 (64 -> 1) on the CUDA cores; logits to shared memory
 //   CT head   column statistics (warp k: class k), then rows (thread j: query j): dL/dlogit to shared memory
-//   backward  3 passes: h1, h2 computed again; g2, h1 and g1 staged in shared memory; each warp accumulates ITS OWN
-//             block of dW1^T (16 x XS: the x0 column M is 1, so the last block holds db1) and dW2^T (16 x 64, + the
-//             h1 column 128 = 1: db2) over the passes, in registers
+//   backward  3 passes: h1, h2 computed again; g2, h1 and g1 staged in shared memory (g1 = g2 W2^T in two halves of
+//             64 columns); each warp accumulates ITS OWN block of dW1^T (16 x XS: the x0 column M is 1, so the last
+//             block holds db1) and dW2^T (16 x 64, + the h1 column 128 = 1: db2) over the passes, in registers; w3's
+//             gradient summed over the warp's rows every pass (a scratch in the warp's g1 rows), 2 registers a thread
 //   Adam      on those registers: fp32 W, m, v of this thread's fragment slots (float4, a per-block workspace in
 //             global memory, L2-resident); the new bf16 weights go straight back to shared memory; w3 and b3 by
 //             threads 0..64
