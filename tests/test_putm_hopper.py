@@ -36,56 +36,78 @@ MAX_REGISTERS, MAX_SPILL_BYTES = 255, 64
 
 
 # ------------------------------------------------------------------------------------------ build and SASS gates
+#: The shapes the gates cover: 1 shot (m = 80) and 5 shots (m = 100; the 8-wide last k-step, 13 column blocks of
+#: dW1ᵀ), 75 queries x 5 ways.
+ONE_SHOT, FIVE_SHOTS = 80, 100
+
+
 @pytest.fixture(scope="module")
-def one_shot_build() -> build.Build:
-    """The kernel for the 1-shot shape (75 queries, 5 ways, m = 80), compiled once (5-15 s on one CPU core)."""
-    try:
-        return build.compile_kernel(75, 5, 80)
-    except build.ToolchainMissing as missing:
-        pytest.skip(str(missing))
+def kernel_builds():
+    """The kernel for (m, exact Adam), each compiled once for the module (3-11 s each on one CPU core)."""
+    made: dict[tuple[int, bool], build.Build] = {}
+
+    def get(dim: int, exact_adam: bool = False) -> build.Build:
+        if (dim, exact_adam) not in made:
+            try:
+                made[dim, exact_adam] = build.compile_kernel(75, 5, dim, exact_adam=exact_adam)
+            except build.ToolchainMissing as missing:
+                pytest.skip(str(missing))
+        return made[dim, exact_adam]
+
+    return get
 
 
-def test_the_kernel_compiles_for_sm90a_within_hopper_resources(one_shot_build):
-    """Registers, spilled bytes and shared memory within what one block per SM can have on an H100/H200 (measured:
-    255 registers, 52 B spill stores, 205,988 B shared memory). Kills: a change that spills more (the fp32 slots of
-    Adam or the dW accumulators moved to local memory), a shape whose shared memory exceeds 227 KB, a build for
-    another target (the SASS header names sm_90a)."""
-    resources = one_shot_build.resources
-    assert resources.registers <= MAX_REGISTERS
-    assert resources.spill_stores <= MAX_SPILL_BYTES, one_shot_build.log
-    assert Layout(75, 5, 80).shared_bytes <= MAX_SHARED
-    assert "putm_e_step" in one_shot_build.log and "sm_90a" in one_shot_build.log
-
-
-def test_one_adam_step_fits_the_instruction_budget(one_shot_build):
-    """Per Adam step (loop-weighted SASS of the step loop, ``tools/hopper_sass.py``): at most 70,000 warp
-    instructions for the block, 16 barriers per warp, and tensor-core instructions at least 15% of all (measured:
-    68,608, 12, 17.9%). Kills: LeakyReLU done in fp32 per element (101,488 instructions, 12.1% measured), the
-    correctly rounded square root in the fast Adam (about +15,000), a barrier per pair tile."""
+def step_mix(made: build.Build):
+    """The loop-weighted SASS mix of one Adam step (``tools/hopper_sass.py``); skipped without cuobjdump."""
     hopper_sass = pytest.importorskip("hopper_sass")
     try:
-        sass = hopper_sass.dump_sass(one_shot_build.cubin)
+        sass = hopper_sass.dump_sass(made.cubin)
     except build.ToolchainMissing as missing:
         pytest.skip(str(missing))
     assert "sm_90a" in sass
     mix = hopper_sass.instruction_mix(sass)
-    report = hopper_sass.report(mix)
-    assert mix.total * 8 <= MAX_WARP_INSTRUCTIONS, report
+    return mix, hopper_sass.report(mix)
+
+
+@pytest.mark.parametrize("dim,exact_adam", [(ONE_SHOT, False), (FIVE_SHOTS, False), (FIVE_SHOTS, True),
+                                            pytest.param(ONE_SHOT, True, marks=pytest.mark.slow)])
+def test_the_kernel_compiles_for_sm90a_within_hopper_resources(kernel_builds, dim, exact_adam):
+    """Registers, spilled bytes and shared memory within what one block per SM can have on an H100/H200, at 1 and
+    5 shots, fast and exact Adam (measured 2026-11-29, NVRTC 13.0: 249 registers and 0 B spilled at 1 shot, 255
+    and 8 B at 5 shots, 245 / 255 and 0 B with exact Adam; shared memory 205,988 and 222,372 B). Kills: w3's
+    gradient carried over the passes in 16 registers per thread (5 shots: 104 B fast, 84 B exact), the g1 product
+    with all 64 accumulators live at once (5 shots, exact Adam: 68 B), a shape whose shared memory exceeds 227 KB,
+    a build for another target (the log names sm_90a). The exact-Adam 1-shot build is slow (a fourth compile; it
+    spilled 56 B before the two changes above, 0 B after)."""
+    made = kernel_builds(dim, exact_adam)
+    resources = made.resources
+    assert resources.registers <= MAX_REGISTERS
+    assert resources.spill_stores <= MAX_SPILL_BYTES, made.log
+    assert Layout(75, 5, dim).shared_bytes <= MAX_SHARED
+    assert "putm_e_step" in made.log and "sm_90a" in made.log
+
+
+@pytest.mark.parametrize("dim", [ONE_SHOT, FIVE_SHOTS])
+def test_one_adam_step_fits_the_barrier_and_tensor_core_budget(kernel_builds, dim):
+    """Per Adam step (loop-weighted SASS of the step loop): at most 16 barriers per warp and tensor-core
+    instructions at least 15% of all, at 1 and 5 shots (measured: 12 and 18.0%, 12 and 19.6%). Kills: LeakyReLU
+    done in fp32 per element (12.1% measured at 1 shot, 2026-11-28), a barrier per pair tile."""
+    mix, report = step_mix(kernel_builds(dim))
     assert mix.barriers <= MAX_BARRIERS, report
     assert mix.tensor_share >= MIN_TENSOR_SHARE, report
     assert mix.groups["tensor (HMMA/HGMMA)"] > 0
 
 
-@pytest.mark.slow
-def test_the_five_shot_shape_compiles_within_hopper_resources():
-    """m = 100 (5 shots): the 8-wide last k-step and 13 column blocks of dW1ᵀ (measured: 255 registers, shared
-    memory 222,372 B). Kills: a layout whose shared memory outgrows 227 KB at 5 shots. Slow: a second compile."""
-    try:
-        made = build.compile_kernel(75, 5, 100)
-    except build.ToolchainMissing as missing:
-        pytest.skip(str(missing))
-    assert made.resources.registers <= MAX_REGISTERS
-    assert Layout(75, 5, 100).shared_bytes <= MAX_SHARED
+@pytest.mark.parametrize("dim", [ONE_SHOT, pytest.param(FIVE_SHOTS, marks=pytest.mark.xfail(
+    strict=True, reason="72,640 warp instructions per step at 5 shots (2026-11-29): the m = 100 products' extra "
+                        "HMMA and ldmatrix and 8 more Adam slots per thread; docs/design.md, 'The Hopper kernel'"))])
+def test_one_adam_step_fits_the_instruction_budget(kernel_builds, dim):
+    """At most 70,000 warp instructions per Adam step for the block of 8 warps (measured: 68,256 at 1 shot). At 5
+    shots the budget is not met (72,640; 73,104 before 2026-11-29): a strict xfail, so the day a change brings it
+    under, this test says so. Kills: LeakyReLU done in fp32 per element (101,488 instructions measured at 1 shot,
+    2026-11-28), the correctly rounded square root in the fast Adam (about +15,000)."""
+    mix, report = step_mix(kernel_builds(dim))
+    assert mix.total * 8 <= MAX_WARP_INSTRUCTIONS, report
 
 
 def test_without_nvrtc_the_error_is_one_line_naming_it(monkeypatch):

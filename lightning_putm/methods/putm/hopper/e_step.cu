@@ -9,9 +9,10 @@
 //   forward   3 passes of 128 pairs (warp w: 16 rows); L1 -> L2 chained in registers (an accumulator fragment
 //             re-packed as the next product's A fragment); L3 (64 -> 1) on the CUDA cores; logits to shared memory
 //   CT head   column statistics (warp k: class k), then rows (thread j: query j): dL/dlogit to shared memory
-//   backward  3 passes: h1, h2 computed again; g2, h1 and g1 staged in shared memory; each warp accumulates ITS OWN
-//             block of dW1^T (16 x XS: the x0 column M is 1, so the last block holds db1) and dW2^T (16 x 64, + the
-//             h1 column 128 = 1: db2) over the passes, in registers
+//   backward  3 passes: h1, h2 computed again; g2, h1 and g1 staged in shared memory (g1 = g2 W2^T in two halves of
+//             64 columns); each warp accumulates ITS OWN block of dW1^T (16 x XS: the x0 column M is 1, so the last
+//             block holds db1) and dW2^T (16 x 64, + the h1 column 128 = 1: db2) over the passes, in registers; w3's
+//             gradient summed over the warp's rows every pass (a scratch in the warp's g1 rows), 2 registers a thread
 //   Adam      on those registers: fp32 W, m, v of this thread's fragment slots (float4, a per-block workspace in
 //             global memory, L2-resident); the new bf16 weights go straight back to shared memory; w3 and b3 by
 //             threads 0..64
@@ -49,9 +50,11 @@ enum : int {
   NB1 = XS / 8,                                    // n-blocks of dW1^T (bias column M included)
   H1S = 136, H2S = 72, W2S = 72,                   // strides of the staged h1|1, g1, g2 and of sW2 [h][j]
   SLOTS = 4 * NB1 + 36, NQ = SLOTS / 4,            // fp32 state per thread: dW1^T then dW2^T fragments
+  SCR = 36,                                        // row of w3's gradient scratch (float2), 32 lanes + 4
 };
 static_assert(P <= 3 * PASS, "at most 384 pairs (shared memory)");
 static_assert(N <= NWARPS && Q <= THREADS, "CT head: a warp per class, a thread per query");
+static_assert(8 * SCR * 8 <= 16 * H1S * 2, "w3's gradient scratch fits in a warp's 16 rows of staged g1");
 static_assert(M % 2 == 0 && NB1 <= 15, "an even basis width of at most 112 (the bias column pairs with a padding column)");
 
 // shared memory, byte offsets (every array 16-byte aligned)
@@ -408,13 +411,12 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
     __syncthreads();
 
     // ---------------------------------------------------------------- backward
-    float dw1[NB1][4], dw2[9][4], gw3[8][2];
+    float dw1[NB1][4], dw2[9][4];
+    float2 gw3 = make_float2(0.f, 0.f);  // w3's gradient, columns 8g + 2t and + 1, summed over the warp's rows
 #pragma unroll
     for (int n = 0; n < NB1; ++n) dw1[n][0] = dw1[n][1] = dw1[n][2] = dw1[n][3] = 0.f;
 #pragma unroll
     for (int n = 0; n < 9; ++n) dw2[n][0] = dw2[n][1] = dw2[n][2] = dw2[n][3] = 0.f;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) gw3[n][0] = gw3[n][1] = 0.f;
     const int lrow = warp * 16, jb = warp & 3, hb = warp >> 2;
     PASS_UNROLL
     for (int pass = 0; pass < PASSES; ++pass) {
@@ -425,10 +427,25 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
         const float gr = bf16r(s.gout[row0 + g]), gr8 = bf16r(s.gout[row0 + g + 8]);  // the bf16 gradient
         const u32 grp = pack(gr, gr), grp8 = pack(gr8, gr8);
         u32 aG2[4][4];
+        // w3's gradient over the warp's 16 rows: each thread's 2 rows x 16 columns into a scratch in the warp's own
+        // g1 rows (free until g1 is staged below), then thread (g, t) sums its columns 8g + 2t, + 1 over the 8 row
+        // groups. 2 registers carried over the passes instead of 16 (what keeps the 5-shot build within 64 B of
+        // spills). Scratch [n][lane] float2 with a row of 36: conflict-free 64-bit stores and loads.
+        float2* scratch = reinterpret_cast<float2*>(smem_raw + OFF_G1 + lrow * H1S * 2);
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          scratch[n * SCR + lane] = make_float2(fmaf(gr, lo_of(h2[n][0]), gr8 * lo_of(h2[n][1])),
+                                                fmaf(gr, hi_of(h2[n][0]), gr8 * hi_of(h2[n][1])));
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+          const float2 v = scratch[g * SCR + 4 * r + t];
+          gw3.x += v.x;
+          gw3.y += v.y;
+        }
+        __syncwarp();  // read before g1 overwrites the scratch
 #pragma unroll
         for (int n = 0; n < 8; ++n) {
-          gw3[n][0] = fmaf(gr, lo_of(h2[n][0]), fmaf(gr8, lo_of(h2[n][1]), gw3[n][0]));
-          gw3[n][1] = fmaf(gr, hi_of(h2[n][0]), fmaf(gr8, hi_of(h2[n][1]), gw3[n][1]));
           // g3 w3^T: a bf16 product of bf16 values, rounded once (one HMUL2 per pair)
           aG2[n >> 1][(n & 1) * 2 + 0] = leaky2_back(hmul2(grp, s.w3p[n * 4 + t]), h2[n][0], sl);
           aG2[n >> 1][(n & 1) * 2 + 1] = leaky2_back(hmul2(grp8, s.w3p[n * 4 + t]), h2[n][1], sl);
@@ -441,30 +458,38 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
         for (int kb = 0; kb < 8; ++kb)  // stage h1 [row][h] (column 128 stays 1)
           stsm_x4(sb + OFF_H1 + ((lrow + (lane & 15)) * H1S + kb * 16 + (lane >> 4) * 8) * 2,
                   aH1[kb][0], aH1[kb][1], aH1[kb][2], aH1[kb][3]);
-        float acc[16][4];  // g1 = g2 W2^T: B = W2 stored [h][j] = [n][k], non-transposed ldmatrix
+        // g1 = g2 W2^T in two halves of 64 h-columns (half the accumulators live at a time, and aH1's first half
+        // dies before the second starts: what keeps the 5-shot build's dW1^T accumulators out of local memory; the
+        // same instructions, every element's k-order unchanged). B = W2 stored [h][j] = [n][k], non-transposed
 #pragma unroll
-        for (int n = 0; n < 16; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+        for (int half = 0; half < 2; ++half) {
+          float acc[8][4];
 #pragma unroll
-        for (int ks = 0; ks < H2 / 16; ++ks) {
+          for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
-          for (int nb = 0; nb < 8; ++nb) {
-            u32 b0, b1, b2, b3;
-            ldsm_x4(b0, b1, b2, b3,
-                    sb + OFF_W2 + ((nb * 16 + (lane & 7) + (lane >> 4) * 8) * W2S + ks * 16 + ((lane >> 3) & 1) * 8) * 2);
-            mma16(acc[2 * nb], aG2[ks][0], aG2[ks][1], aG2[ks][2], aG2[ks][3], b0, b1);
-            mma16(acc[2 * nb + 1], aG2[ks][0], aG2[ks][1], aG2[ks][2], aG2[ks][3], b2, b3);
+          for (int ks = 0; ks < H2 / 16; ++ks) {
+#pragma unroll
+            for (int nq = 0; nq < 4; ++nq) {
+              const int nb = half * 4 + nq;
+              u32 b0, b1, b2, b3;
+              ldsm_x4(b0, b1, b2, b3,
+                      sb + OFF_W2 + ((nb * 16 + (lane & 7) + (lane >> 4) * 8) * W2S + ks * 16 + ((lane >> 3) & 1) * 8) * 2);
+              mma16(acc[2 * nq], aG2[ks][0], aG2[ks][1], aG2[ks][2], aG2[ks][3], b0, b1);
+              mma16(acc[2 * nq + 1], aG2[ks][0], aG2[ks][1], aG2[ks][2], aG2[ks][3], b2, b3);
+            }
           }
-        }
 #pragma unroll
-        for (int kb = 0; kb < 8; ++kb) {  // bf16, LeakyReLU's backward against h1, stage g1 [row][h]
-          u32 r[4];
+          for (int kq = 0; kq < 4; ++kq) {  // bf16, LeakyReLU's backward against h1, stage g1 [row][h]
+            const int kb = half * 4 + kq;
+            u32 r[4];
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int n = 2 * kb + hh;
-            r[hh * 2 + 0] = leaky2_back(pack(acc[n][0], acc[n][1]), aH1[kb][hh * 2 + 0], sl);
-            r[hh * 2 + 1] = leaky2_back(pack(acc[n][2], acc[n][3]), aH1[kb][hh * 2 + 1], sl);
+            for (int hh = 0; hh < 2; ++hh) {
+              const int n = 2 * kq + hh;
+              r[hh * 2 + 0] = leaky2_back(pack(acc[n][0], acc[n][1]), aH1[kb][hh * 2 + 0], sl);
+              r[hh * 2 + 1] = leaky2_back(pack(acc[n][2], acc[n][3]), aH1[kb][hh * 2 + 1], sl);
+            }
+            stsm_x4(sb + OFF_G1 + ((lrow + (lane & 15)) * H1S + kb * 16 + (lane >> 4) * 8) * 2, r[0], r[1], r[2], r[3]);
           }
-          stsm_x4(sb + OFF_G1 + ((lrow + (lane & 15)) * H1S + kb * 16 + (lane >> 4) * 8) * 2, r[0], r[1], r[2], r[3]);
         }
       }
       __syncthreads();
@@ -564,17 +589,8 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
         s.b2[jb * 16 + g + 8] = bf16r(neww[4 * NB1 + 34]);
       }
     }
-    // w3's gradient: the per-thread sums over the 8 row groups, then over the warps (a fixed order)
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float v = gw3[n][e];
-        v += __shfl_xor_sync(0xffffffff, v, 4);
-        v += __shfl_xor_sync(0xffffffff, v, 8);
-        v += __shfl_xor_sync(0xffffffff, v, 16);
-        if (g == 0) s.red[warp * H2 + n * 8 + 2 * t + e] = v;
-      }
+    // w3's gradient: each warp's sums, then over the warps (a fixed order)
+    *reinterpret_cast<float2*>(&s.red[warp * H2 + 8 * g + 2 * t]) = gw3;
     __syncthreads();
     if (tid <= H2) {  // threads 0..63: w3[tid] (a bf16 product output); thread 64: b3 (fp32 sum of dL/dlogit)
       float gsum = 0.f;
