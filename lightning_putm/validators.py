@@ -124,15 +124,6 @@ def positive(value: Any, key: str, integer: bool = False) -> Any:
     return value
 
 
-def memory_budget(value: Any, key: str = "memory_budget_mb") -> float | str:
-    """A positive number of MB, or ``auto`` (the device's free memory on CUDA, 2048 MB on CPU)."""
-    if value == "auto":
-        return "auto"
-    if not is_number(value) or value <= 0:
-        raise ConfigError(f"`{key}` must be a positive number (MB) or auto, got {value!r}")
-    return float(value)
-
-
 def number(value: Any, key: str, low: float = 0.0) -> float:
     """A finite number ``>= low``."""
     if not is_number(value) or value < low:
