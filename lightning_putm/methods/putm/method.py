@@ -7,7 +7,7 @@ lightning_putm.methods.putm import PUTM`` loads this module on first use.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -22,6 +22,9 @@ from lightning_putm.methods.putm.settings import PUTMSettings
 from lightning_putm.methods.putm.solvers import make_engine
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 from lightning_putm.methods.registry import register_method
+
+if TYPE_CHECKING:
+    from lightning_putm.methods.putm.engines import Engine
 
 
 @register_method("putm")
@@ -44,6 +47,10 @@ class PUTM(ChunkedSolver):
         self.last_precision: str | None = None
         #: Called with an :class:`EMStep` after every E-step (inspection and tests); ``None``: off.
         self.em_step_hook: Callable[[EMStep], None] | None = None
+        #: Builds each chunk's E-step engine from its navigator, the settings and the compute dtype: by default the
+        #: one ``solver`` names (:func:`.solvers.make_engine`); a caller may give another :class:`.engines.Engine`
+        #: (an engine under development, or one variant of an engine to compare with another).
+        self.engine_factory: Callable[[Navigator, PUTMSettings, torch.dtype], Engine] = make_engine
 
     def check_features(self, features: torch.Tensor) -> None:
         check_power_transform_input(features, self.settings.beta, self.name)
@@ -71,7 +78,7 @@ class PUTM(ChunkedSolver):
         seeds = tasks.task_seeds.to(x.device) if s.init_draw == "device" else None
         navigator = Navigator([x.shape[2], *s.hidden, 1], generators, s.init_tasks, x.device, x.dtype,
                               s.negative_slope, requires_grad=s.solver == "autograd", seeds=seeds)
-        engine = make_engine(navigator, s, compute_dtype(resolve_precision(s.precision, x.device)))
+        engine = self.engine_factory(navigator, s, compute_dtype(resolve_precision(s.precision, x.device)))
         bar = self.show_progress and self.cpu_workers(x.device) <= 1  # worker threads: no bar per part
         progress = partial(tqdm, desc=f"putm EM ({len(x)} tasks)", leave=False, disable=None) if bar else iter
         forward, final_prototypes, em_steps = em_loop(engine, x, one_hot, prototypes, generators, tasks.ways, s,
