@@ -383,7 +383,7 @@ def test_an_absurdly_large_memory_budget_means_one_chunk_not_a_crash() -> None:
 
 
 def test_debug_true_shows_the_traceback_instead(tmp_path: Path) -> None:
-    with pytest.raises(LightningPutmError, match="`shots` must be a list"):
+    with pytest.raises(LightningPutmError, match="`shots` must be a non-empty list"):
         run_in_process("evaluate", [*FAST_EVAL, f"output_dir={tmp_path}", "shots=one", "debug=true"])
 
 

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_putm.config import (Override, Overrides, apply_overrides, apply_trainer_overrides, command_line_value,
                                    conf_dir, group_options, is_trainer_override, load_group, load_saved_config,
-                                   load_yaml, resolve_override_value, to_container)
+                                   load_yaml, progress_seconds, resolve_override_value, to_container)
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.evaluation.options import SPLITS, EvaluateOptions
 from lightning_putm.evaluation.presets import PRESET_KEY, apply_presets
@@ -230,6 +230,7 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     against what its field declares (:func:`~lightning_putm.job_options.checked_options`); what follows relates
     keys to each other, to the registered methods and to files."""
     values = checked_options(EvaluateOptions, cfg)
+    progress_seconds()  # $LIGHTNING_PUTM_PROGRESS_SECONDS, read by the progress lines later: checked now
     methods = [str(m) for m in as_list(cfg.methods)]
     if not methods:
         raise ConfigError(f"`methods` is empty; choose from {', '.join(available_methods())}")

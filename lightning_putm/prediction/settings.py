@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omegaconf import DictConfig
 
-from lightning_putm.config import (Override, Overrides, apply_overrides, conf_dir,
-                                   load_yaml, to_container)
+from lightning_putm.config import (Override, Overrides, apply_overrides, conf_dir, load_yaml, progress_seconds,
+                                   to_container)
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.presets import apply_presets
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, method_arguments, resolve_device
@@ -113,6 +113,7 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
     keys to each other and to files."""
     checkpoint, support, query = (_required_path(cfg, k) for k in ("checkpoint", "support", "query"))
     values = checked_options(PredictOptions, cfg)
+    progress_seconds()  # $LIGHTNING_PUTM_PROGRESS_SECONDS, read by the progress lines later: checked now
     timm_model = timm_model_name(cfg.checkpoint)
     given = cfg.get("pretrained_file")
     pretrained_file = None if given in (None, "", "null", "None") else Path(str(given)).expanduser()
