@@ -282,6 +282,8 @@ def requirement(f: JobField, example: bool = True) -> str:
         words = f"{'a non-empty' if s.nonempty else 'a'} list of {items}"
         if example and isinstance(f.default, list) and f.default:
             words += f" (e.g. {f.key}=[{','.join(str(v) for v in f.default)}])"
+    if f.auto and f.kind == "list":
+        return f"be auto or {words}"
     return f"be {words}" + (" or auto" if f.auto else "")
 
 
