@@ -36,7 +36,8 @@ PROGRESS_SECONDS_ENV = "LIGHTNING_PUTM_PROGRESS_SECONDS"
 
 def progress_seconds() -> float:
     """Seconds between progress lines in a log: ``$LIGHTNING_PUTM_PROGRESS_SECONDS`` (a number >= 0; 0 = a line per
-    update) if set, else :data:`PROGRESS_SECONDS`. The jobs read it with their settings, so a bad value fails first."""
+    update) if set, else :data:`PROGRESS_SECONDS`. The jobs read it with their settings, so a bad value fails
+    first."""
     text = os.environ.get(PROGRESS_SECONDS_ENV, "").strip()
     if not text:
         return PROGRESS_SECONDS
@@ -45,8 +46,8 @@ def progress_seconds() -> float:
     except ValueError:
         value = -1.0
     if not value >= 0 or value == float("inf"):
-        raise ConfigError(f"{PROGRESS_SECONDS_ENV}={text}: give the seconds between progress lines in a log, a number "
-                          f">= 0 (default {PROGRESS_SECONDS:g}), or unset it")
+        raise ConfigError(f"{PROGRESS_SECONDS_ENV}={text}: give the seconds between progress lines in a log, a "
+                          f"number >= 0 (default {PROGRESS_SECONDS:g}), or unset it")
     return value
 
 

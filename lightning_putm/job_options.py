@@ -73,7 +73,8 @@ class JobOptionSpec:
     #: its first part is the kind :func:`check_value` checks, ``|auto`` lets the word ``auto`` through
     type: str
     help: str = ""
-    #: the least value of an ``int`` or ``float`` key (``ways``: 2), or of a list's elements; exclusive if ``low_open``
+    #: the least value of an ``int`` or ``float`` key (``ways``: 2) or of a list's elements; exclusive if
+    #: ``low_open``
     low: float | None = None
     low_open: bool = False
     #: the names a ``str`` key (or a list's elements) may take
@@ -114,7 +115,7 @@ class JobField:
 
     @property
     def kind(self) -> str:
-        """What :func:`check_value` checks the value as: ``int``, ``float``, ``bool``, ``str``, ``path``, ``list``..."""
+        """What :func:`check_value` checks a value as: ``int``, ``float``, ``bool``, ``str``, ``path``, ``list``..."""
         return self.type.split("|")[0]
 
     @property
@@ -297,7 +298,7 @@ def _scalar(f: JobField, kind: str, value: Any) -> Any:
         return str(value) if ok and str(value).strip() else _MISSING
     if kind == "str":
         return value if isinstance(value, str) and (s.choices is None or value in s.choices) else _MISSING
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind == "int" and not isinstance(value, int)):
+    if isinstance(value, bool) or not isinstance(value, int if kind == "int" else (int, float)):
         return _MISSING
     if not math.isfinite(value):
         return _MISSING
@@ -386,5 +387,6 @@ def yaml_header(text: str) -> str:
     return text
 
 
-__all__ = ["JOBS", "JobField", "check_value", "checked", "checked_options", "job_comments", "job_fields", "job_option", "job_schema", "job_types", "job_yaml", "nested",
+__all__ = ["JOBS", "MEMORY_BUDGET", "JobField", "check_value", "checked", "checked_memory_budget", "checked_options",
+           "job_comments", "job_fields", "job_option", "job_schema", "job_types", "job_yaml", "nested", "requirement",
            "yaml_header", "yaml_scalar"]

@@ -1,4 +1,6 @@
-"""Typed checks of single config values, shared by every job.
+"""Typed checks of single config values, shared by every job, for the values no job field declares (a backbone's
+options, a dataset recipe's epochs, a Trainer option); the keys of ``conf/<job>.yaml`` are checked from their fields
+(:func:`lightning_putm.job_options.checked_options`), in the same wording.
 
 Each check returns the value in its Python type or raises :class:`~lightning_putm.errors.ConfigError` with a
 message naming the key, so ``evaluate.py`` and ``train_backbone.py`` word the same mistake the same way.
@@ -12,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import ListConfig, OmegaConf
 
 from lightning_putm.errors import ConfigError
 
@@ -136,13 +138,6 @@ def flag(value: Any, key: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"`{key}` must be true or false, got {value!r}")
     return value
-
-
-def path(value: Any, key: str) -> Path:
-    """A non-empty path."""
-    if value is None or isinstance(value, (bool, int, float, ListConfig, DictConfig)) or not str(value).strip():
-        raise ConfigError(f"`{key}` must be a path, got {value!r}")
-    return Path(str(value))
 
 
 def mapping(value: Any, key: str, example: str | None = None) -> dict[str, Any]:

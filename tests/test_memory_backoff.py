@@ -114,9 +114,11 @@ def test_bad_budgets_are_refused_by_one_rule(value):
     """Kills: the constructor checking ``memory_budget_mb`` with a rule of its own (accepting ``inf`` or ``True``,
     or wording it otherwise) instead of the one both jobs' fields declare."""
     said = []
-    for check in (lambda: SimpleShot(memory_budget_mb=value), lambda: checked(EvaluateOptions, "memory_budget_mb", value),
+    for check in (lambda: SimpleShot(memory_budget_mb=value),
+                  lambda: checked(EvaluateOptions, "memory_budget_mb", value),
                   lambda: checked(PredictOptions, "memory_budget_mb", value)):
-        with pytest.raises(ConfigError, match=r"^`memory_budget_mb` must be a positive number \(MB\) or auto, got ") as e:
+        with pytest.raises(ConfigError, match=r"^`memory_budget_mb` must be a positive number \(MB\) or auto, got ") \
+                as e:
             check()
         said.append(str(e.value))
     assert len(set(said)) == 1, said

@@ -20,8 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_putm.config import conf_dir
 from lightning_putm.help import job_help, method_comments, show, yaml_comments
 from lightning_putm.errors import ConfigError
-from lightning_putm.job_options import (JOBS, JobField, check_value, checked, job_fields, job_schema, job_yaml,
-                                        requirement)
+from lightning_putm.job_options import JOBS, JobField, checked, job_fields, job_schema, job_yaml, requirement
 from lightning_putm.job_options import yaml_header as job_yaml_header
 from lightning_putm.job_options import yaml_scalar as job_yaml_scalar
 from lightning_putm.methods.catalog import BUILTIN_SETTINGS

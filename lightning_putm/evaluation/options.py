@@ -50,8 +50,8 @@ class EvaluateOptions:
         "the checkpoint records (dataset, root, options, image size, normalisation); another data= is refused")
     force_data: bool = job_option(False, type="bool", help="true = evaluate a checkpoint on another dataset than "
                                   "the one it records (on purpose)")
-    split: str = job_option("test", type="str", choices=SPLITS, help="with checkpoint: the split whose features are evaluated "
-                            "(novel classes: test)")
+    split: str = job_option("test", type="str", choices=SPLITS, help="with checkpoint: the split whose features are "
+                            "evaluated (novel classes: test)")
     backbone: str = job_option("auto", type="name|auto", help="with checkpoint: the backbone it must hold (auto = "
                                "whatever it holds)")
     feature_cache_dir: str = job_option("outputs/feature_cache", type="path", help="extracted features, keyed by "
@@ -76,8 +76,8 @@ class EvaluateOptions:
         False, type="bool", help="true = methods using a class marginal (ptmap, ilpc, bavardage) get the TRUE query "
         "counts: unfair, and marked oracle_prior=true in the table and both CSVs")
     ways: int = job_option(5, type="int", help="classes per task (N)", low=2)
-    shots: list[int] = job_option([1, 5], type="list", element="int", low=1, nonempty=True, help="labelled images per class; each shot count is a "
-                                  "setting of its own")
+    shots: list[int] = job_option([1, 5], type="list", element="int", low=1, nonempty=True,
+                                  help="labelled images per class; each shot count is a setting of its own")
     queries: int | None = job_option(None, type="int", help="total queries per task; null = 15 * ways",
                                         low=1)
     alphas: list[Any] = job_option(
@@ -110,8 +110,8 @@ class EvaluateOptions:
                              "t-SNE (PNGs in output_dir/plots)")
     plot_task: int = job_option(0, type="int", help="task shown in the PUTM case-study plots (first shot, first "
                                 "imbalanced alpha)", low=0)
-    trainer: EvaluateTrainerOptions = nested(EvaluateTrainerOptions, checked=False, help="pytorch_lightning.Trainer options "
-                                             "(trainer.devices=2 trainer.strategy=ddp shards the tasks)")
+    trainer: EvaluateTrainerOptions = nested(EvaluateTrainerOptions, checked=False, help="pytorch_lightning.Trainer "
+                                             "options (trainer.devices=2 trainer.strategy=ddp shards the tasks)")
     debug: bool = job_option(False, type="bool", help="show full tracebacks instead of one-line errors")
     method: dict[str, Any] = job_option({}, type="mapping", help="filled from conf/method/<name>.yaml; override "
                                         "e.g. method.putm.rho=0.7")

@@ -117,9 +117,10 @@ class Eta:
 
 class ProgressLines:
     """A bar's information as plain lines, for a count that takes minutes where no bar is drawn: every
-    ``every_seconds`` (default :func:`~lightning_putm.config.progress_seconds`) one line ``extracting features: 4096/13760 images (30%),
-    160 images/s, elapsed 0:26, ETA 1:00``, and when the count ends a last line, if any line was printed (a count
-    done within the interval prints nothing: its start and end lines around it say enough)."""
+    ``every_seconds`` (default :func:`~lightning_putm.config.progress_seconds`) one line ``extracting features:
+    4096/13760 images (30%), 160 images/s, elapsed 0:26, ETA 1:00``, and when the count ends a last line, if any
+    line was printed (a count done within the interval prints nothing: its start and end lines around it say
+    enough)."""
 
     def __init__(self, what: str, total: int | None, log: Callable[[str], None] = print, unit: str = "images",
                  every_seconds: float | None = None, clock: Callable[[], float] = time.perf_counter) -> None:

@@ -19,7 +19,7 @@ from lightning_putm.config import (Override, Overrides, apply_overrides, apply_t
                                    conf_dir, group_options, is_trainer_override, load_group, load_saved_config,
                                    load_yaml, progress_seconds, resolve_override_value, to_container)
 from lightning_putm.errors import ConfigError, DataError
-from lightning_putm.evaluation.options import SPLITS, EvaluateOptions
+from lightning_putm.evaluation.options import EvaluateOptions
 from lightning_putm.evaluation.presets import PRESET_KEY, apply_presets
 from lightning_putm.job_options import checked_options
 from lightning_putm.loggers import check_wandb_mode

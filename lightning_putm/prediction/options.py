@@ -48,6 +48,6 @@ class PredictOptions:
     batch_size: int = job_option(256, type="int", help="images per backbone forward pass", low=1)
     seed: int = job_option(0, type="int", help="the task's seed (PUTM's navigator initialisation)", low=0)
     device: str = job_option("auto", type="str", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
-    memory_budget_mb: float | str = job_option(2048, **MEMORY_BUDGET, help="working memory of the method (MB; on CUDA "
-                                             "a cap under free memory; auto: see evaluate.yaml)")
+    memory_budget_mb: float | str = job_option(2048, **MEMORY_BUDGET, help="working memory of the method (MB; on "
+                                               "CUDA a cap under free memory; auto: see evaluate.yaml)")
     debug: bool = job_option(False, type="bool", help="show full tracebacks instead of one-line errors")

@@ -37,7 +37,8 @@ from lightning_putm.errors import ConfigError
 from lightning_putm.features.table import scatter_rows
 from lightning_putm.metrics import mean_and_ci95
 from lightning_putm.models import Backbone, CosineClassifier, Mixup, RotationHead, build_backbone, rotate_batch
-from lightning_putm.pretraining.choices import NCM_NORMALISATIONS, SCHEDULERS, STAGES, check_channels_last, check_compile
+from lightning_putm.pretraining.choices import (NCM_NORMALISATIONS, SCHEDULERS, STAGES, check_channels_last,
+                                                check_compile)
 from lightning_putm.validators import choice
 
 #: Compiled variants torch may keep of the backbone's regions (see S2M2Module.prepare_for_device).

@@ -14,8 +14,8 @@ from lightning_putm.pretraining.choices import NCM_NORMALISATIONS, SCHEDULERS, S
 
 @dataclass(frozen=True)
 class HeadOptions:
-    scale: float | str = job_option("auto", type="float|auto", low=0, low_open=True, help="cosine classifier scale; auto = 2 up to 200 "
-                                    "classes, else 10 (S2M2)")
+    scale: float | str = job_option("auto", type="float|auto", low=0, low_open=True,
+                                    help="cosine classifier scale; auto = 2 up to 200 classes, else 10 (S2M2)")
     class_gain: bool = job_option(True, type="bool", help="learnable per-class norm of the classifier rows (weight "
                                   "normalisation)")
 
@@ -122,14 +122,15 @@ class TrainBackboneOptions:
     seed: int = job_option(0, type="int", help="seed of the weights' initialisation and the batches", low=0)
     lr: float = job_option(0.001, type="float", low=0, low_open=True, help="Adam (S2M2)")
     weight_decay: float = job_option(0.0, type="float", low=0, help="Adam's weight decay")
-    scheduler: str = job_option("none", type="str", choices=SCHEDULERS, help="none (S2M2: constant lr) | cosine (decay to 0 over the "
-                                "stage, stepped per batch)")
-    mixup_alpha: float = job_option(2.0, type="float", low=0, low_open=True, help="s2m2r: lambda ~ Beta(alpha, alpha)")
-    mix_layers: list[int] = job_option([0, 1, 2, 3], type="list", element="int", nonempty=True, help="s2m2r mix points: 0 = input, i = after "
-                                       "block i")
+    scheduler: str = job_option("none", type="str", choices=SCHEDULERS, help="none (S2M2: constant lr) | cosine "
+                                "(decay to 0 over the stage, stepped per batch)")
+    mixup_alpha: float = job_option(2.0, type="float", low=0, low_open=True,
+                                    help="s2m2r: lambda ~ Beta(alpha, alpha)")
+    mix_layers: list[int] = job_option([0, 1, 2, 3], type="list", element="int", nonempty=True,
+                                       help="s2m2r mix points: 0 = input, i = after block i")
     head: HeadOptions = nested(HeadOptions)
-    ncm: str = job_option("none", type="str", choices=NCM_NORMALISATIONS, help="features before nearest class mean in val/test: none "
-                          "(Euclidean) | l2")
+    ncm: str = job_option("none", type="str", choices=NCM_NORMALISATIONS, help="features before nearest class mean "
+                          "in val/test: none (Euclidean) | l2")
     channels_last: bool | str = job_option(
         "auto", type="bool|auto", help="NHWC memory format for the backbone's weights and input images (faster "
         "convolutions on GPU tensor cores): auto = on when training on CUDA | true | false")
@@ -150,8 +151,9 @@ class TrainBackboneOptions:
     log_dir: str = job_option("outputs/train_backbone", type="path", help="where the csv logger writes its "
                               "metrics")
     wandb: TrainWandbOptions = nested(TrainWandbOptions)
-    trainer: TrainTrainerOptions = nested(TrainTrainerOptions, checked=False, help="passed to pytorch_lightning.Trainer; any "
-                                          "Trainer argument works as trainer.<name>=value")
+    trainer: TrainTrainerOptions = nested(TrainTrainerOptions, checked=False, help="passed to "
+                                          "pytorch_lightning.Trainer; any Trainer argument works as "
+                                          "trainer.<name>=value")
     verbose: bool = job_option(False, type="bool", help="true = print the whole effective config (always saved as "
                                "<run folder>/config.yaml)")
     debug: bool = job_option(False, type="bool", help="full tracebacks instead of one-line errors")

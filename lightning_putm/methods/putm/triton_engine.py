@@ -201,8 +201,8 @@ class TritonEngine(Engine):
         for step in progress(range(s.em_steps)):
             forward, backward = self.launch(query, prototypes, cost)
             self.steps += s.inner_steps
-            self.launch_m_step(rows, support_weights, forward, backward, prototypes, cost, self.active, final, em_steps,
-                          step, s.inertia, s.rho, s.early_stop_tol, s.prototype_update)
+            self.launch_m_step(rows, support_weights, forward, backward, prototypes, cost, self.active, final,
+                               em_steps, step, s.inertia, s.rho, s.early_stop_tol, s.prototype_update)
         forward, _ = self.launch(query, prototypes, cost)  # the final E-step; a settled task keeps its own rows
         self.steps += s.inner_steps
         return forward.clone(), prototypes, em_steps.to("cpu", torch.long)
