@@ -291,3 +291,14 @@ def test_rendered_job_yaml_reads_back_as_the_defaults() -> None:
     assert text.startswith("# title\n# Keys from ") and "\nwandb:\n  project: lightning-putm" in text
 
 
+
+
+def test_the_trainer_group_is_left_to_lightning() -> None:
+    """``trainer.*`` is passed to ``pytorch_lightning.Trainer``, which checks its own arguments and takes more than
+    the declared type says (``deterministic="warn"``). Kills: the generic check run over a group declared
+    ``checked=False``."""
+    from lightning_putm.pretraining.settings import load_train_config, settings_from_config
+
+    fields = [f for f in job_fields(job_schema("train_backbone")) if f.key.startswith("trainer.")]
+    assert fields and not any(f.is_checked for f in fields)
+    assert settings_from_config(load_train_config(["trainer.deterministic=warn"])).trainer["deterministic"] == "warn"
