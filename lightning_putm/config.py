@@ -28,6 +28,29 @@ from lightning_putm.validators import alternatives, close_matches, did_you_mean
 MAX_DEVICES = 4096
 
 
+#: Seconds between two plain progress lines of a long count where no bar is drawn (a log file, a pipe), unless
+#: ``$LIGHTNING_PUTM_PROGRESS_SECONDS`` says otherwise.
+PROGRESS_SECONDS = 30.0
+PROGRESS_SECONDS_ENV = "LIGHTNING_PUTM_PROGRESS_SECONDS"
+
+
+def progress_seconds() -> float:
+    """Seconds between progress lines in a log: ``$LIGHTNING_PUTM_PROGRESS_SECONDS`` (a number >= 0; 0 = a line per
+    update) if set, else :data:`PROGRESS_SECONDS`. The jobs read it with their settings, so a bad value fails
+    first."""
+    text = os.environ.get(PROGRESS_SECONDS_ENV, "").strip()
+    if not text:
+        return PROGRESS_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(f"{PROGRESS_SECONDS_ENV}={text}: give the seconds between progress lines in a log, a "
+                          f"number >= 0 (default {PROGRESS_SECONDS:g}), or unset it")
+    return value
+
+
 def conf_dir() -> Path:
     """The ``conf/`` folder: ``$LIGHTNING_PUTM_CONF`` if set, else the one beside the package."""
     env = os.environ.get("LIGHTNING_PUTM_CONF")

@@ -1,4 +1,6 @@
-"""Typed checks of single config values, shared by every job.
+"""Typed checks of single config values, shared by every job, for the values no job field declares (a backbone's
+options, a dataset recipe's epochs, a Trainer option); the keys of ``conf/<job>.yaml`` are checked from their fields
+(:func:`lightning_putm.job_options.checked_options`), in the same wording.
 
 Each check returns the value in its Python type or raises :class:`~lightning_putm.errors.ConfigError` with a
 message naming the key, so ``evaluate.py`` and ``train_backbone.py`` word the same mistake the same way.
@@ -12,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import ListConfig, OmegaConf
 
 from lightning_putm.errors import ConfigError
 
@@ -124,15 +126,6 @@ def positive(value: Any, key: str, integer: bool = False) -> Any:
     return value
 
 
-def memory_budget(value: Any, key: str = "memory_budget_mb") -> float | str:
-    """A positive number of MB, or ``auto`` (the device's free memory on CUDA, 2048 MB on CPU)."""
-    if value == "auto":
-        return "auto"
-    if not is_number(value) or value <= 0:
-        raise ConfigError(f"`{key}` must be a positive number (MB) or auto, got {value!r}")
-    return float(value)
-
-
 def number(value: Any, key: str, low: float = 0.0) -> float:
     """A finite number ``>= low``."""
     if not is_number(value) or value < low:
@@ -145,13 +138,6 @@ def flag(value: Any, key: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"`{key}` must be true or false, got {value!r}")
     return value
-
-
-def path(value: Any, key: str) -> Path:
-    """A non-empty path."""
-    if value is None or isinstance(value, (bool, int, float, ListConfig, DictConfig)) or not str(value).strip():
-        raise ConfigError(f"`{key}` must be a path, got {value!r}")
-    return Path(str(value))
 
 
 def mapping(value: Any, key: str, example: str | None = None) -> dict[str, Any]:

@@ -133,10 +133,10 @@ EVALUATE_CONFIG_CASES = [
     ("ways", r"cannot read argument 'ways': write overrides as key=value"),
     ("=5", r"write overrides as key=value"),
     # wrong types
-    ("shots=one", r"`shots` must be a list of positive integers \(e.g. shots=\[1,5\]\)"),
-    ("shots=[1,two]", r"`shots` must be a list of positive integers"),
-    ("shots=[1.5]", r"`shots` must be a list of positive integers"),
-    ("shots=[true]", r"`shots` must be a list of positive integers"),
+    ("shots=one", r"`shots` must be a non-empty list of positive integers \(e.g. shots=\[1,5\]\), got 'one'$"),
+    ("shots=[1,two]", r"`shots` must be a non-empty list of positive integers"),
+    ("shots=[1.5]", r"`shots` must be a non-empty list of positive integers"),
+    ("shots=[true]", r"`shots` must be a non-empty list of positive integers"),
     ("ways=five", r"`ways` must be an integer >= 2"),
     ("ways=2.5", r"`ways` must be an integer >= 2"),
     ("ways=[5]", r"`ways` must be an integer >= 2"),
@@ -161,7 +161,7 @@ EVALUATE_CONFIG_CASES = [
     ("device=cuda:0" if not torch.cuda.is_available() else "device=cuda:999", r"device"),
     # out of range
     ("ways=1", r"`ways` must be an integer >= 2"),
-    ("shots=[0]", r"`shots` must be a list of positive integers"),
+    ("shots=[0]", r"`shots` must be a non-empty list of positive integers"),
     ("tasks=0", r"`tasks` must be an integer >= 1"),
     ("seed=-1", r"`seed` must be an integer >= 0"),
     ("queries=0", r"`queries` must be an integer >= 1"),
@@ -241,15 +241,15 @@ TRAIN_CONFIG_CASES = [
     ("backbone=vgg", r"unknown backbone 'vgg'; available: .*conv4"),
     ("trainer.bogus=1", r"unknown Trainer argument 'trainer.bogus'"),
     ("trainer.callbacks=[]", r"set by train_backbone.py itself"),
-    ("stages=[mixup]", r"`stages` must list stages among"),
-    ("stages=[]", r"`stages` must list stages among"),
+    ("stages=[mixup]", r"`stages` must be auto or a non-empty list of names among classifier, rotation, s2m2r, got "),
+    ("stages=[]", r"`stages` must be auto or a non-empty list of names among classifier, rotation, s2m2r, got "),
     ("lr=abc", r"`lr` must be a positive number"),
     ("lr=-1", r"`lr` must be a positive number"),
     ("lr=.nan", r"`lr` must be a positive number"),
     ("weight_decay=abc", r"`weight_decay` must be a number >= 0"),
     ("weight_decay=-1", r"`weight_decay` must be a number >= 0"),
     ("mixup_alpha=0", r"`mixup_alpha` must be a positive number"),
-    ("mix_layers=abc", r"`mix_layers` must be a non-empty list of layer indices"),
+    ("mix_layers=abc", r"`mix_layers` must be a non-empty list of integers \(e.g. mix_layers=\[0,1,2,3\]\)"),
     ("mix_layers=[1.5]", r"`mix_layers` must be a non-empty list"),
     ("mix_layers=[9]", r"mix_layers \[9\] invalid for conv4: choose from"),
     ("seed=x", r"`seed` must be an integer >= 0"),
@@ -258,7 +258,7 @@ TRAIN_CONFIG_CASES = [
     ("ncm=cosine", r"`ncm` must be one of none, l2"),
     ("logger=tensorboard", r"`logger` must be one of auto, wandb, csv, none, got 'tensorboard'$"),
     ("logger=wanb", r"`logger` must be one of auto, wandb, csv, none, got 'wanb'; did you mean wandb\?$"),
-    ("stages=[rotaton]", r"`stages` must list stages among .*; did you mean rotation\?$"),
+    ("stages=[rotaton]", r"`stages` must be auto or a non-empty list of names among .*; did you mean rotation\?$"),
     ("head.scale=abc", r"`head.scale` must be a positive number"),
     ("head.class_gain=maybe", r"`head.class_gain` must be true or false"),
     ("resume=maybe", r"`resume` must be true or false"),
@@ -383,7 +383,7 @@ def test_an_absurdly_large_memory_budget_means_one_chunk_not_a_crash() -> None:
 
 
 def test_debug_true_shows_the_traceback_instead(tmp_path: Path) -> None:
-    with pytest.raises(LightningPutmError, match="`shots` must be a list"):
+    with pytest.raises(LightningPutmError, match="`shots` must be a non-empty list"):
         run_in_process("evaluate", [*FAST_EVAL, f"output_dir={tmp_path}", "shots=one", "debug=true"])
 
 

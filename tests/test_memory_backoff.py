@@ -19,7 +19,9 @@ from lightning_putm.methods.base import AUTO_BUDGET_MB, FREE_MEMORY_FRACTION, OU
 from lightning_putm.methods.ptmap import PTMAP
 from lightning_putm.methods.putm import PUTM
 from lightning_putm.methods.simpleshot import SimpleShot
-from lightning_putm.validators import memory_budget
+from lightning_putm.evaluation.options import EvaluateOptions
+from lightning_putm.job_options import checked, checked_memory_budget
+from lightning_putm.prediction.options import PredictOptions
 
 MB = 2**20
 CUDA = torch.device("cuda", 0)
@@ -107,17 +109,27 @@ def test_cpu_never_asks_cuda(monkeypatch):
     SimpleShot(memory_budget_mb="auto").predict(gathered.batch)
 
 
-@pytest.mark.parametrize("value", [0, -1, float("nan"), "big", True])
-def test_bad_budgets_are_refused(value):
-    with pytest.raises(ValueError, match="memory_budget_mb must be a positive number of MB or 'auto'"):
-        SimpleShot(memory_budget_mb=value)
-    with pytest.raises(ConfigError, match=r"`memory_budget_mb` must be a positive number \(MB\) or auto"):
-        memory_budget(value)
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf"), "big", True, None])
+def test_bad_budgets_are_refused_by_one_rule(value):
+    """Kills: the constructor checking ``memory_budget_mb`` with a rule of its own (accepting ``inf`` or ``True``,
+    or wording it otherwise) instead of the one both jobs' fields declare."""
+    said = []
+    for check in (lambda: SimpleShot(memory_budget_mb=value),
+                  lambda: checked(EvaluateOptions, "memory_budget_mb", value),
+                  lambda: checked(PredictOptions, "memory_budget_mb", value)):
+        with pytest.raises(ConfigError, match=r"^`memory_budget_mb` must be a positive number \(MB\) or auto, got ") \
+                as e:
+            check()
+        said.append(str(e.value))
+    assert len(set(said)) == 1, said
 
 
-def test_config_values_are_parsed():
-    assert memory_budget("auto") == "auto"
-    assert memory_budget(512) == 512.0 and isinstance(memory_budget(512), float)
+def test_budgets_are_parsed_alike():
+    """Kills: the constructor or a job keeping an int (or the word) where the other converts it."""
+    for value, parsed in (("auto", "auto"), (512, 512.0), (0.5, 0.5)):
+        for got in (checked_memory_budget(value), SimpleShot(memory_budget_mb=value).memory_budget_mb,
+                    checked(EvaluateOptions, "memory_budget_mb", value)):
+            assert got == parsed and type(got) is type(parsed)
 
 
 # ------------------------------------------------------------------------------------------- back-off

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from lightning_putm.config import conf_dir
 from lightning_putm.help import job_help, method_comments, show, yaml_comments
 from lightning_putm.errors import ConfigError
-from lightning_putm.job_options import JOBS, JobField, checked_integer, job_fields, job_schema, job_yaml
+from lightning_putm.job_options import JOBS, JobField, checked, job_fields, job_schema, job_yaml, requirement
 from lightning_putm.job_options import yaml_header as job_yaml_header
 from lightning_putm.job_options import yaml_scalar as job_yaml_scalar
 from lightning_putm.methods.catalog import BUILTIN_SETTINGS
@@ -166,7 +166,8 @@ def test_job_yaml_and_help_say_what_the_field_declares(job: str, f: JobField) ->
     else:
         assert value == f.default and type(value) is type(f.default), (value, f.default)
     assert yaml_comments(path).get(f.key, "") == f.meaning
-    assert f.help in f.meaning and (f.low is None or f"(must be an integer >= {f.low})" in f.meaning)
+    assert f.help in f.meaning
+    assert f.low is None or f.kind not in ("int", "float") or f"(must {requirement(f, example=False)})" in f.meaning
     if f.mapping or (job == "evaluate" and f.key == "method"):  # groups are not rows; method.* rows are the methods'
         return
     default = show(OmegaConf.create({"x": f.default}).x)
@@ -213,16 +214,71 @@ def test_no_hand_written_copy_of_a_job_keys_type_or_help() -> None:
     assert not hasattr(importlib.import_module("lightning_putm.help"), "KEY_TYPES")
 
 
-@pytest.mark.parametrize("job,f", [(job, f) for job, f in JOB_FIELDS if f.low is not None],
-                         ids=[f"{job}.{f.key}" for job, f in JOB_FIELDS if f.low is not None])
-def test_a_declared_bound_is_the_one_checked(job: str, f: JobField) -> None:
-    """Kills: a job's settings checking an integer key against a bound of their own instead of the field's (the
-    bound --help and the yaml state), or accepting a bool or a float for it."""
+CHECKED = [(job, f) for job, f in JOB_FIELDS if f.is_checked]
+
+
+def wrong_values(f: JobField) -> list:
+    """Values the field's declaration refuses, each for another reason."""
+    kind = f.spec.element if f.kind == "list" else f.kind
+    if kind == "int" and f.spec.choices is None:
+        one = ([] if f.low is None else [f.low - 1, float(f.low)]) + [True, 1.5, "x"]
+    elif kind == "float":
+        one = [f.low if f.spec.low_open else f.low - 1, True, float("nan"), "x"]
+    elif kind == "bool":
+        one = ["maybe", 1, "true"]
+    elif kind == "path":
+        one = [5, "", [f"{f.key}"]]
+    else:
+        one = [f"{f.spec.choices[0]}x", 5]
+    if f.kind != "list":
+        return one + ([] if f.nullable else [None])
+    return [[v] for v in one if v is not None] + ([[]] if f.spec.nonempty else [])
+
+
+@pytest.mark.parametrize("job,f", CHECKED, ids=[f"{job}.{f.key}" for job, f in CHECKED])
+def test_what_a_field_declares_is_what_is_checked(job: str, f: JobField) -> None:
+    """Kills: a check that drifts from the field (a bound, choice or element type of its own), accepts a bool as a
+    number or the text ``true`` as a bool, converts a number without checking it, or words the error otherwise
+    than `` `key` must <what the field declares>, got <value>``; and a default the check itself refuses."""
     schema = job_schema(job)
-    assert checked_integer(schema, f.key, f.low) == f.low
-    for wrong in (f.low - 1, True, float(f.low), "x"):
-        with pytest.raises(ConfigError, match=rf"^`{re.escape(f.key)}` must be an integer >= {f.low}, got "):
-            checked_integer(schema, f.key, wrong)
+    default = checked(schema, f.key, f.default)
+    assert default == f.default and (f.kind != "float" or isinstance(default, float) or default == "auto")
+    for wrong in wrong_values(f):
+        with pytest.raises(ConfigError, match=rf"^`{re.escape(f.key)}` must {re.escape(requirement(f))}, got "):
+            checked(schema, f.key, wrong)
+
+
+def test_a_misspelt_choice_gets_the_nearest_name() -> None:
+    """Kills: a choice or list-of-choices check without "did you mean"."""
+    for job, key, wrong, near in (("evaluate", "split", "tset", "test"), ("train_backbone", "stages", ["rotaton"],
+                                                                           "rotation")):
+        with pytest.raises(ConfigError, match=rf"; did you mean {near}\?$"):
+            checked(job_schema(job), key, wrong)
+
+
+OVERRIDE_TEXT = {"int": "x", "float": "x", "bool": "maybe", "path": "[a]"}
+
+
+@pytest.mark.parametrize("job", ["evaluate", "train_backbone"])
+def test_the_jobs_check_every_declared_key_through_its_field(job: str) -> None:
+    """Each checked key, given a wrong value on the command line, fails the job's settings with the field's message.
+    Kills: a job's settings checking a key by hand first (another wording or bound, ``integer(cfg.ways, "ways",
+    2)``) or not at all (a field the job never passes to the generic check)."""
+    import lightning_putm.evaluation.settings as evaluation
+    import lightning_putm.pretraining.settings as pretraining
+
+    base = ["queries=75", "tasks=20", "methods=[simpleshot]"] if job == "evaluate" else []
+    for _, f in [(j, f) for j, f in CHECKED if j == job]:
+        kind = f.spec.element if f.kind == "list" else f.kind
+        text = "[]" if f.kind == "list" and f.spec.nonempty else OVERRIDE_TEXT.get(kind, "zzz")
+        if f.kind == "list" and not f.spec.nonempty:
+            text = f"[{OVERRIDE_TEXT.get(kind, 'zzz')}]"
+        override = [*base, f"{f.key}={text}"]
+        with pytest.raises(ConfigError, match=rf"^`{re.escape(f.key)}` must {re.escape(requirement(f))}, got "):
+            if job == "evaluate":
+                evaluation.settings_from_config(evaluation.load_evaluate_config(override))
+            else:
+                pretraining.settings_from_config(pretraining.load_train_config(override))
 
 
 def test_rendered_job_yaml_reads_back_as_the_defaults() -> None:
@@ -235,24 +291,14 @@ def test_rendered_job_yaml_reads_back_as_the_defaults() -> None:
     assert text.startswith("# title\n# Keys from ") and "\nwandb:\n  project: lightning-putm" in text
 
 
-@pytest.mark.parametrize("job", ["evaluate", "train_backbone"])
-def test_the_jobs_check_every_bounded_key_through_its_field(job: str, monkeypatch) -> None:
-    """Kills: a job's settings checking a bounded key with a bound written again by hand (``integer(cfg.ways,
-    "ways", 2)``) instead of the field's, which then drifts from what the yaml and ``--help`` state."""
-    import lightning_putm.evaluation.settings as evaluation
-    import lightning_putm.pretraining.settings as pretraining
 
-    module = evaluation if job == "evaluate" else pretraining
-    seen: list[str] = []
 
-    def spy(schema, key, value):
-        seen.append(key)
-        return checked_integer(schema, key, value)
+def test_the_trainer_group_is_left_to_lightning() -> None:
+    """``trainer.*`` is passed to ``pytorch_lightning.Trainer``, which checks its own arguments and takes more than
+    the declared type says (``deterministic="warn"``). Kills: the generic check run over a group declared
+    ``checked=False``."""
+    from lightning_putm.pretraining.settings import load_train_config, settings_from_config
 
-    monkeypatch.setattr(module, "checked_integer", spy)
-    if job == "evaluate":
-        evaluation.settings_from_config(evaluation.load_evaluate_config(["queries=75", "tasks=20", "methods=[simpleshot]"]))
-    else:
-        pretraining.settings_from_config(pretraining.load_train_config([]))
-    bounded = {f.key for f in job_fields(job_schema(job)) if f.low is not None}
-    assert bounded and set(seen) == bounded
+    fields = [f for f in job_fields(job_schema("train_backbone")) if f.key.startswith("trainer.")]
+    assert fields and not any(f.is_checked for f in fields)
+    assert settings_from_config(load_train_config(["trainer.deterministic=warn"])).trainer["deterministic"] == "warn"

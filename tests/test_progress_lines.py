@@ -1,5 +1,6 @@
-"""A long feature extraction is never silent in a log file (issue 43): where no bar is drawn, a line every
-``LINE_SECONDS`` with images done/total, rate and ETA, and a closing line; nothing extra for a short one."""
+"""A long feature extraction is never silent in a log file (issue 43): where no bar is drawn, a line every 30 s
+(``$LIGHTNING_PUTM_PROGRESS_SECONDS``) with images done/total, rate and ETA, and a closing line; nothing extra for a
+short one."""
 
 from __future__ import annotations
 
@@ -41,6 +42,22 @@ def test_lines_come_every_interval_with_done_total_rate_and_eta_then_a_closing_l
                      "extracting features: 1000 images done in 1:40 (10 images/s)"]
 
 
+def test_the_interval_is_30_s_unless_the_environment_says_otherwise(monkeypatch) -> None:
+    """Kills: another default, the variable ignored, or a bad value accepted (or refused only mid-run, after the run
+    folder exists: the jobs' settings read it first)."""
+    from lightning_putm.errors import ConfigError
+    from lightning_putm.evaluation.settings import load_evaluate_config, settings_from_config
+
+    monkeypatch.delenv("LIGHTNING_PUTM_PROGRESS_SECONDS", raising=False)
+    assert ProgressLines("x", 10, print).every == 30.0
+    monkeypatch.setenv("LIGHTNING_PUTM_PROGRESS_SECONDS", "2.5")
+    assert ProgressLines("x", 10, print).every == 2.5 and ProgressLines("x", 10, print, every_seconds=7).every == 7
+    for bad in ("soon", "-1", "nan", "inf"):
+        monkeypatch.setenv("LIGHTNING_PUTM_PROGRESS_SECONDS", bad)
+        with pytest.raises(ConfigError, match=rf"^LIGHTNING_PUTM_PROGRESS_SECONDS={bad}: give the seconds between"):
+            settings_from_config(load_evaluate_config(["methods=[simpleshot]", "tasks=2"]))
+
+
 def test_a_count_done_within_the_interval_prints_nothing() -> None:
     """Kills: a closing line (or any line) for every short extraction, cluttering every log."""
     clock, lines = Clock(), []
@@ -58,7 +75,7 @@ def test_evaluate_extraction_prints_progress_lines_when_stdout_is_not_a_terminal
     interval at 0 s: the test split's extraction prints ``images done/total`` lines that count up to the split's
     size, through the run's own log. Kills: the lines drawn only as a terminal bar (a log silent for the whole
     extraction), lines that bypass the run's log, a total that is not the number of images."""
-    monkeypatch.setattr(progress, "LINE_SECONDS", 0.0)
+    monkeypatch.setenv("LIGHTNING_PUTM_PROGRESS_SECONDS", "0")
     lines: list[str] = []
     run_evaluate([f"checkpoint={tiny_checkpoint}", f"output_dir={tmp_path / 'out'}",
                   f"feature_cache_dir={tmp_path / 'cache'}", "methods=[simpleshot]", "tasks=2", "shots=[1]",
@@ -98,7 +115,7 @@ def test_the_lines_replace_the_bar_only_where_no_bar_is_drawn(monkeypatch, termi
     bar._trainer = trainer
     bar.test_progress_bar = bar.init_test_tqdm()
     monkeypatch.setattr(ExtractionBar, "total_test_batches_current_dataloader", property(lambda self: 4))
-    monkeypatch.setattr(progress, "LINE_SECONDS", 0.0)
+    monkeypatch.setenv("LIGHTNING_PUTM_PROGRESS_SECONDS", "0")
     bar.on_test_batch_start(trainer, None, [torch.zeros(2, 1)], 0)
     assert (bar._lines is None) == terminal and bar.test_progress_bar.disable != terminal
     bar.test_progress_bar.close()
@@ -116,7 +133,7 @@ def test_predicts_calibration_says_its_cost_before_it_starts_and_reports_progres
     from lightning_putm.prediction.checkpoint_splits import resolve_calibration
     from lightning_putm.prediction.settings import load_predict_config, predict_settings
 
-    monkeypatch.setattr(progress, "LINE_SECONDS", 0.0)
+    monkeypatch.setenv("LIGHTNING_PUTM_PROGRESS_SECONDS", "0")
     features = save_features(make_clustered_features(classes=8, per_class=20, dim=8, spread=0.8), tmp_path / "v.pt")
     cfg, name = load_predict_config(["checkpoint=x.ckpt", "support=s", "query=q", "method=simpleshot",
                                      f"calibration={features}", "calibration_tasks=60",

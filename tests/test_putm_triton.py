@@ -38,8 +38,9 @@ def rows(t: int, count: int, m: int, seed: int, device: str = "cpu") -> torch.Te
     return torch.nn.functional.normalize(torch.rand(t, count, m, generator=generator), dim=2).to(device)
 
 
-def engines(t: int, m: int, compute_dtype: torch.dtype, device: str = "cpu", **options):
-    """A ``fused`` and a ``triton`` engine on identical navigators (seeds 0..t-1)."""
+def engines(t: int, m: int, compute_dtype: torch.dtype, device: str = "cpu", kernels=None, **options):
+    """A ``fused`` and a ``triton`` engine on identical navigators (seeds 0..t-1); ``kernels``: the triton engine's
+    (:class:`~lightning_putm.methods.putm.triton_engine.Kernels`; default the real ones)."""
     from lightning_putm.methods.putm import PUTMSettings
     from lightning_putm.methods.putm.engines import FusedEngine
     from lightning_putm.methods.putm.navigator import Navigator
@@ -52,7 +53,8 @@ def engines(t: int, m: int, compute_dtype: torch.dtype, device: str = "cpu", **o
         return Navigator([m, *settings.hidden, 1], generators, 1000, torch.device(device), torch.float32, 0.01,
                          requires_grad=False)
 
-    return FusedEngine(navigator(), settings, compute_dtype), TritonEngine(navigator(), settings, compute_dtype)
+    return FusedEngine(navigator(), settings, compute_dtype), TritonEngine(navigator(), settings, compute_dtype,
+                                                                         kernels=kernels)
 
 
 def build_putm(shots: int, balanced: bool, **options):
@@ -264,7 +266,7 @@ def device_and_host_loops(shots: int, options: dict, tasks: int = 3, device: str
         return ours
 
     try:  # count the M-step kernel's launches: the device loop must be the one that ran
-        triton_em.launch_m_step = lambda *args: launches.append(args[9]) or real[0](*args)
+        triton_em.launch_m_step = lambda *args, **kernel: launches.append(args[9]) or real[0](*args, **kernel)
         triton_engine.pair_costs = costs
         for where in ("device", "host"):
             method = build_putm(shots, False, solver="triton", **options)
@@ -676,16 +678,14 @@ def test_an_auto_chosen_kernel_that_cannot_run_hands_over_to_compiled_before_any
     (``solver=triton``) the error is raised. Kills: no fallback (the default path would crash where the previous
     default ran), a probe with the tasks active (a half-run state handed over), the tasks still to solve not
     handed to the compiled engine, a fallback for an explicit ``solver=triton``, a notice per chunk."""
-    from lightning_putm.methods.putm import triton_em, triton_engine
     from lightning_putm.methods.putm.compiled import CompiledEngine
-    from lightning_putm.methods.putm.triton_engine import TritonEngine
+    from lightning_putm.methods.putm.triton_engine import Kernels, TritonEngine, reset_notices
 
-    monkeypatch.setattr(triton_engine, "_NOTICED", set())
+    reset_notices()
     e_step = (NoOpKernel if path.endswith("M-step kernel") else BrokenKernel)(6)  # arguments[6]: active
     m_step = BrokenKernel(6)
-    monkeypatch.setattr(triton_engine, "e_step_kernel", lambda: e_step)
-    monkeypatch.setattr(triton_em, "m_step_kernel", m_step)
-    fused, auto = engines(3, 12, torch.float32, inner_steps=2)  # identical navigators
+    kernels = Kernels(e_step, m_step)
+    fused, auto = engines(3, 12, torch.float32, kernels=kernels, inner_steps=2)  # identical navigators
     auto.fall_back_on_error = True  # as make_engine builds it for solver=auto
     query, prototypes = rows(3, 7, 12, 8), rows(3, 5, 12, 9)
     live = torch.tensor([True, False, True])
@@ -715,9 +715,9 @@ def test_an_auto_chosen_kernel_that_cannot_run_hands_over_to_compiled_before_any
         assert torch.equal(auto.navigator.flat, before)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # one notice per process and error
-        second = TritonEngine(auto.navigator, fused.settings, torch.float32, fall_back_on_error=True)
+        second = TritonEngine(auto.navigator, fused.settings, torch.float32, fall_back_on_error=True, kernels=kernels)
         solve(second)
-    explicit = TritonEngine(auto.navigator, fused.settings, torch.float32)
+    explicit = TritonEngine(auto.navigator, fused.settings, torch.float32, kernels=kernels)
     with pytest.raises(RuntimeError, match="PTX JIT compilation failed"):
         solve(explicit)
 
@@ -726,11 +726,10 @@ def test_after_a_probe_that_passes_the_kernel_solves_the_live_tasks(monkeypatch)
     """When the probe's launches (every task inactive) pass, the first real launch gets the tasks that need
     results, and no second probe follows. Kills: the tasks left inactive after the probe (a run that solves
     nothing), a probe before every launch."""
-    from lightning_putm.methods.putm import triton_engine
+    from lightning_putm.methods.putm.triton_engine import Kernels
 
     e_step = NoOpKernel(6)
-    monkeypatch.setattr(triton_engine, "e_step_kernel", lambda: e_step)
-    _, auto = engines(3, 12, torch.float32, inner_steps=2)
+    _, auto = engines(3, 12, torch.float32, kernels=Kernels(e_step, BrokenKernel(6)), inner_steps=2)
     auto.fall_back_on_error = True
     live = torch.tensor([True, False, True])
     auto.keep_only(live)
@@ -748,11 +747,10 @@ def test_the_launch_settings_reach_every_launch(monkeypatch, launch, expected):
     the launch gets; the grid is one program per task. Kills: settings that never reach the launch (the benchmark's
     sweep would time the default under another row's name), a launch that hard-codes its warps or stages."""
     pytest.importorskip("triton", reason="triton is not installed (it ships with torch's Linux CUDA wheels)")
-    from lightning_putm.methods.putm import triton_engine
+    from lightning_putm.methods.putm.triton_engine import Kernels
 
     e_step = NoOpKernel(6)
-    monkeypatch.setattr(triton_engine, "e_step_kernel", lambda: e_step)
-    _, engine = engines(3, 12, torch.float32, inner_steps=2, **launch)
+    _, engine = engines(3, 12, torch.float32, kernels=Kernels(e_step, BrokenKernel(6)), inner_steps=2, **launch)
     engine.run(rows(3, 7, 12, 8), rows(3, 5, 12, 9), 5)
     assert e_step.options == ((3,), dict(zip(("num_warps", "num_stages"), expected)))
 
@@ -786,10 +784,10 @@ def test_unsupported_shape_falls_back_to_compiled_with_one_notice(monkeypatch):
     """Hidden width 24 (not a power of two): the ``compiled`` engine solves it, with one notice for any number of
     chunks. Kills: no fallback (the kernel cannot take the shape), a notice per chunk, a fallback with other
     results than ``compiled``'s."""
-    from lightning_putm.methods.putm import triton_engine
     from lightning_putm.methods.putm.compiled import CompiledEngine
+    from lightning_putm.methods.putm.triton_engine import reset_notices
 
-    monkeypatch.setattr(triton_engine, "_NOTICED", set())
+    reset_notices()
     fused_like, first = engines(2, 12, torch.float32, hidden=(24, 16), inner_steps=2)
     compiled = CompiledEngine(fused_like.navigator, fused_like.settings, torch.float32)
     query, prototypes = rows(2, 7, 12, 8), rows(2, 5, 12, 9)

@@ -81,7 +81,7 @@ LIGHT: list[tuple[list[Any], int, str]] = [
     (script("train_backbone.py", "--help"), 0, "Keys of conf/train_backbone.yaml"),
     (script("evaluate.py", "taks=10"), 2,
      "error: unknown config key 'taks' (no 'taks' at top level); did you mean tasks? valid keys there: "),
-    (script("evaluate.py", "tasks=-1"), 2, "error: `tasks` must be an integer >= 1, got -1\n"),
+    (script("evaluate.py", "tasks=-1"), 2, "error: `tasks` must be an integer >= 1 or auto, got -1\n"),
     (script("evaluate.py", "shots=[1"), 2, "error: cannot parse the value of shots: '[1' is not valid YAML"),
     (script("evaluate.py", "methods=[putmm]"), 2, "error: unknown method 'putmm'; did you mean putm? available "),
     (script("evaluate.py", "method.putm.rho=high"), 2, "error: method.putm.rho must lie in [0, 1], got 'high'\n"),
@@ -92,7 +92,8 @@ LIGHT: list[tuple[list[Any], int, str]] = [
     (script("train_backbone.py", "taks=1"), 2,
      "error: unknown config key 'taks' (no 'taks' at top level); did you mean stages? valid keys there: "),
     (script("train_backbone.py", "stages=[rotaton]"), 2,
-     "error: `stages` must list stages among classifier, rotation, s2m2r, got ['rotaton']; did you mean rotation?"),
+     "error: `stages` must be auto or a non-empty list of names among classifier, rotation, s2m2r, got ['rotaton']; "
+     "did you mean rotation?"),
     (module("train", "loader.num_workers=-1"), 2, "error: `loader.num_workers` must be auto or an integer >= 0, got -1"),
     (module("--help"), 0, "usage: python -m lightning_putm <command> [arguments]"),
     *[(module(command, "--help"), 0, "") for command in COMMANDS],

@@ -7,7 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_putm.job_options import job_option, nested
+from lightning_putm.job_options import MEMORY_BUDGET, job_option, nested
+from lightning_putm.loggers import LOGGERS
+
+#: The splits of a dataset a checkpoint's features may come from.
+SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,8 @@ class EvaluateOptions:
         "the checkpoint records (dataset, root, options, image size, normalisation); another data= is refused")
     force_data: bool = job_option(False, type="bool", help="true = evaluate a checkpoint on another dataset than "
                                   "the one it records (on purpose)")
-    split: str = job_option("test", type="str", help="with checkpoint: the split whose features are evaluated "
-                            "(novel classes: test)")
+    split: str = job_option("test", type="str", choices=SPLITS, help="with checkpoint: the split whose features are "
+                            "evaluated (novel classes: test)")
     backbone: str = job_option("auto", type="name|auto", help="with checkpoint: the backbone it must hold (auto = "
                                "whatever it holds)")
     feature_cache_dir: str = job_option("outputs/feature_cache", type="path", help="extracted features, keyed by "
@@ -72,8 +76,8 @@ class EvaluateOptions:
         False, type="bool", help="true = methods using a class marginal (ptmap, ilpc, bavardage) get the TRUE query "
         "counts: unfair, and marked oracle_prior=true in the table and both CSVs")
     ways: int = job_option(5, type="int", help="classes per task (N)", low=2)
-    shots: list[int] = job_option([1, 5], type="list", help="labelled images per class; each shot count is a "
-                                  "setting of its own")
+    shots: list[int] = job_option([1, 5], type="list", element="int", low=1, nonempty=True,
+                                  help="labelled images per class; each shot count is a setting of its own")
     queries: int | None = job_option(None, type="int", help="total queries per task; null = 15 * ways",
                                         low=1)
     alphas: list[Any] = job_option(
@@ -86,8 +90,8 @@ class EvaluateOptions:
                                   "demo data, 1000 otherwise", low=1)
     seed: int = job_option(0, type="int", help="seed of the episode banks", low=0)
     device: str = job_option("auto", type="str", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
-    memory_budget_mb: int | str = job_option(
-        2048, type="int|auto", help="working memory per method call (MB); larger task batches are chunked to fit. "
+    memory_budget_mb: float | str = job_option(
+        2048, **MEMORY_BUDGET, help="working memory per method call (MB); larger task batches are chunked to fit. "
         "On CUDA it is a cap: chunks also fit in 80% of the free GPU memory, and a chunk that still runs out of "
         "memory is halved and retried (one notice). auto = free GPU memory alone (2048 on CPU)")
     name: str | None = job_option(
@@ -99,15 +103,15 @@ class EvaluateOptions:
     progress: bool = job_option(True, type="bool", help="show progress bars")
     verbose: bool = job_option(False, type="bool", help="true = print the whole effective config (it is always "
                                "saved as config.yaml in the run folder)")
-    logger: str = job_option("auto", type="str", help="auto (= wandb when installed) | wandb | csv | none "
-                             "(lightning_putm/loggers.py)")
+    logger: str = job_option("auto", type="str", choices=tuple(LOGGERS), help=f"{' | '.join(LOGGERS)}; auto = wandb "
+                             "when installed (lightning_putm/loggers.py)")
     wandb: EvaluateWandbOptions = nested(EvaluateWandbOptions)
     plots: bool = job_option(True, type="bool", help="accuracy vs alpha, PUTM class-count estimate and prototype "
                              "t-SNE (PNGs in output_dir/plots)")
     plot_task: int = job_option(0, type="int", help="task shown in the PUTM case-study plots (first shot, first "
                                 "imbalanced alpha)", low=0)
-    trainer: EvaluateTrainerOptions = nested(EvaluateTrainerOptions, help="pytorch_lightning.Trainer options "
-                                             "(trainer.devices=2 trainer.strategy=ddp shards the tasks)")
+    trainer: EvaluateTrainerOptions = nested(EvaluateTrainerOptions, checked=False, help="pytorch_lightning.Trainer "
+                                             "options (trainer.devices=2 trainer.strategy=ddp shards the tasks)")
     debug: bool = job_option(False, type="bool", help="show full tracebacks instead of one-line errors")
     method: dict[str, Any] = job_option({}, type="mapping", help="filled from conf/method/<name>.yaml; override "
                                         "e.g. method.putm.rho=0.7")

@@ -3,8 +3,9 @@
 A progress bar redraws one line with carriage returns. Written into a pipe or a log file (``| tee``, a cluster's
 job log) it leaves fragments mixed with the results table, so bars are drawn only when stderr (where they go) is
 a terminal; elsewhere each finished unit of work (a setting, a study run) is one plain line with the elapsed
-time and an estimate of the time left, and a long count (images extracted) gets a line every
-:data:`LINE_SECONDS` (:class:`ProgressLines`), so a log file never goes silent for minutes.
+time and an estimate of the time left, and a long count (images extracted) gets a line every 30 s
+(:func:`~lightning_putm.config.progress_seconds`; :class:`ProgressLines`), so a log file never goes silent for
+minutes.
 """
 
 from __future__ import annotations
@@ -17,9 +18,7 @@ from typing import Any, Callable, TextIO
 from pytorch_lightning.callbacks import TQDMProgressBar
 from pytorch_lightning.callbacks.progress.tqdm_progress import Tqdm, convert_inf
 
-
-#: Seconds between two plain progress lines of a long count where no bar is drawn (a log file, a pipe).
-LINE_SECONDS = 30.0
+from lightning_putm.config import progress_seconds
 
 
 def on_terminal(stream: TextIO | None = None) -> bool:
@@ -118,14 +117,15 @@ class Eta:
 
 class ProgressLines:
     """A bar's information as plain lines, for a count that takes minutes where no bar is drawn: every
-    ``every_seconds`` (default :data:`LINE_SECONDS`) one line ``extracting features: 4096/13760 images (30%),
-    160 images/s, elapsed 0:26, ETA 1:00``, and when the count ends a last line, if any line was printed (a count
-    done within the interval prints nothing: its start and end lines around it say enough)."""
+    ``every_seconds`` (default :func:`~lightning_putm.config.progress_seconds`) one line ``extracting features:
+    4096/13760 images (30%), 160 images/s, elapsed 0:26, ETA 1:00``, and when the count ends a last line, if any
+    line was printed (a count done within the interval prints nothing: its start and end lines around it say
+    enough)."""
 
     def __init__(self, what: str, total: int | None, log: Callable[[str], None] = print, unit: str = "images",
                  every_seconds: float | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
         self.what, self.total, self.log, self.unit, self.clock = what, total, log, unit, clock
-        self.every = LINE_SECONDS if every_seconds is None else every_seconds
+        self.every = progress_seconds() if every_seconds is None else every_seconds
         self.started = self.last = clock()
         self.done, self.lines = 0, 0
 
@@ -164,7 +164,7 @@ class ExtractionBar(TQDMProgressBar):
 
     _images = 0  # rows extracted so far in this loop, and when it started: the bar shows images/s
     _started = 0.0
-    _lines: ProgressLines | None = None  # where no bar is drawn (a log file): a line every LINE_SECONDS
+    _lines: ProgressLines | None = None  # where no bar is drawn (a log file): a line every progress_seconds()
 
     def __init__(self, log: Callable[[str], None] = print) -> None:
         super().__init__()

@@ -17,18 +17,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from lightning_putm.config import (Override, Overrides, apply_overrides, apply_trainer_overrides, command_line_value,
                                    conf_dir, group_options, is_trainer_override, load_group, load_saved_config,
-                                   load_yaml, resolve_override_value, to_container)
+                                   load_yaml, progress_seconds, resolve_override_value, to_container)
 from lightning_putm.errors import ConfigError, DataError
 from lightning_putm.evaluation.options import EvaluateOptions
 from lightning_putm.evaluation.presets import PRESET_KEY, apply_presets
-from lightning_putm.job_options import checked_integer
-from lightning_putm.loggers import LOGGERS, check_wandb_mode
+from lightning_putm.job_options import checked_options
+from lightning_putm.loggers import check_wandb_mode
 from lightning_putm.methods.catalog import available_methods, check_method_options, known_method, method_configs
 from lightning_putm.methods.registry import PLUGINS_KEY, import_plugins
 from lightning_putm.models.timm_names import check_model_name, timm_model_name
 from lightning_putm.runs import run_name
-from lightning_putm.validators import (alpha_label, as_list, choice, did_you_mean, distinct, flag,
-                                       memory_budget, parse_alpha, parse_query_classes, protocol_flags)
+from lightning_putm.validators import (alpha_label, as_list, did_you_mean, distinct, parse_alpha,
+                                       parse_query_classes, protocol_flags)
 
 if TYPE_CHECKING:  # torch and the methods load once the settings are valid: errors and --help come without them
     import torch
@@ -37,7 +37,6 @@ if TYPE_CHECKING:  # torch and the methods load once the settings are valid: err
 
 DEMO_TASKS = 100
 DEFAULT_TASKS = 1000
-SPLITS = ("train", "val", "test")
 
 #: Trainer arguments evaluation sets itself.
 EVALUATION_TRAINER_ARGS = {
@@ -227,7 +226,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
-    """Validate the merged config; every problem is a :class:`ConfigError` naming the key."""
+    """Validate the merged config; every problem is a :class:`ConfigError` naming the key. Each key is first checked
+    against what its field declares (:func:`~lightning_putm.job_options.checked_options`); what follows relates
+    keys to each other, to the registered methods and to files."""
+    values = checked_options(EvaluateOptions, cfg)
+    progress_seconds()  # $LIGHTNING_PUTM_PROGRESS_SECONDS, read by the progress lines later: checked now
     methods = [str(m) for m in as_list(cfg.methods)]
     if not methods:
         raise ConfigError(f"`methods` is empty; choose from {', '.join(available_methods())}")
@@ -236,27 +239,20 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
             raise ConfigError(f"unknown method {name!r}; {did_you_mean(name, available_methods())}available methods: "
                               f"{', '.join(available_methods())}")
     distinct(methods, "methods")
-    ways = checked_integer(EvaluateOptions, "ways", cfg.ways)
-    shots = as_list(cfg.shots)
-    if not shots or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in shots):
-        raise ConfigError(f"`shots` must be a list of positive integers (e.g. shots=[1,5]), got {cfg.shots!r}")
-    queries = 15 * ways if cfg.queries is None else checked_integer(EvaluateOptions, "queries", cfg.queries)
+    ways, shots = values["ways"], values["shots"]
+    queries = 15 * ways if values["queries"] is None else values["queries"]
     alphas = [parse_alpha(a, uniform=True) for a in as_list(cfg.alphas)]
     if not alphas:
         raise ConfigError("`alphas` is empty; give Dirichlet alphas and/or `balanced`, e.g. alphas=[2,balanced]")
-    distinct([int(s) for s in shots], "shots")
+    distinct(shots, "shots")
     distinct(alphas, "alphas", alpha_label)
     query_classes = parse_query_classes(cfg.get("query_classes"), ways)
     features = str(cfg.features)
     from_checkpoint = cfg.checkpoint not in (None, "")
     demo = str(cfg.data.name) == DEMO_DATA if from_checkpoint else features in ("demo", "auto")
-    if cfg.tasks == "auto":
+    tasks = values["tasks"]
+    if tasks == "auto":
         tasks = DEMO_TASKS if demo else DEFAULT_TASKS
-    else:
-        tasks = checked_integer(EvaluateOptions, "tasks", cfg.tasks)
-    seed = checked_integer(EvaluateOptions, "seed", cfg.seed)
-    budget = memory_budget(cfg.memory_budget_mb)
-    oracle_prior = flag(cfg.get("oracle_prior", False), "oracle_prior")
     base_features = cfg.get("base_features")
     base_features = None if base_features in (None, "") else str(base_features)
     checkpoint = None if cfg.checkpoint in (None, "") else Path(str(cfg.checkpoint))
@@ -283,14 +279,13 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
         features = f"checkpoint:{checkpoint}"
     elif features == "auto":
         features = "demo"
-    split = str(cfg.split)
-    choice(split, "split", SPLITS)
+    split = values["split"]
     if cfg.output_dir is None or str(cfg.output_dir).strip() in ("", "None", "null"):
         raise ConfigError("`output_dir` must be a folder path or auto (a new run folder), e.g. output_dir=outputs/mine")
     output_dir = None if str(cfg.output_dir) == "auto" else Path(str(cfg.output_dir))
     method_params = {name: method_arguments(to_container(cfg.method[name])) for name in methods if name in cfg.method}
     flags = protocol_flags(alphas, query_classes, ways)  # each bank: balanced or not
-    check_methods_options(methods, method_params, [int(s) for s in shots], flags)
+    check_methods_options(methods, method_params, shots, flags)
     if base_features is not None and not base_features.startswith(BASE_SPLIT_PREFIX) \
             and not Path(base_features).is_file():
         raise ConfigError(f"base_features: file not found: {base_features}; give a feature file of the base classes "
@@ -301,48 +296,44 @@ def settings_from_config(cfg: DictConfig) -> EvaluationSettings:
     else:
         source = checkpoint_run_name(checkpoint) if checkpoint is not None else Path(features).stem
     name = run_name(None if cfg.get("name") in (None, "") else str(cfg.name), source)
-    for key in ("refresh_features", "plots", "progress", "allow_pickle"):
-        flag(cfg[key], key)
-    choice(cfg.logger, "logger", tuple(LOGGERS))
     wandb = to_container(cfg.wandb)
-    check_wandb_mode(wandb.get("mode"), str(cfg.logger))
-    plot_task = checked_integer(EvaluateOptions, "plot_task", cfg.plot_task)
+    check_wandb_mode(wandb.get("mode"), values["logger"])
+    plot_task = values["plot_task"]
     if plot_task >= tasks:
         raise ConfigError(f"plot_task={plot_task} but there are {tasks} tasks per setting: give an index from 0 to "
                           f"{tasks - 1}")
-    verbose = flag(cfg.verbose, "verbose")
-    check_methods_build(methods, method_params, [int(s) for s in shots], flags)  # last: it imports the methods
+    check_methods_build(methods, method_params, shots, flags)  # last: it imports the methods
     return EvaluationSettings(
         features=features,
         methods=methods,
         ways=ways,
-        shots=[int(s) for s in shots],
+        shots=shots,
         queries=queries,
         alphas=alphas,
         tasks=tasks,
-        seed=seed,
+        seed=values["seed"],
         device=resolve_device(str(cfg.device)),
         output_dir=output_dir,
-        allow_pickle=cfg.allow_pickle,
-        memory_budget_mb=budget,
-        progress=bool(cfg.progress),
+        allow_pickle=values["allow_pickle"],
+        memory_budget_mb=values["memory_budget_mb"],
+        progress=values["progress"],
         method_params=method_params,
         base_features=base_features,
-        oracle_prior=oracle_prior,
+        oracle_prior=values["oracle_prior"],
         checkpoint=checkpoint,
         split=split,
         feature_cache_dir=Path(str(cfg.feature_cache_dir)),
-        refresh_features=cfg.refresh_features,
-        logger=str(cfg.logger),
+        refresh_features=values["refresh_features"],
+        logger=values["logger"],
         wandb=wandb,
-        plots=cfg.plots,
+        plots=values["plots"],
         plot_task=plot_task,
         trainer=to_container(cfg.trainer),
         backbone=str(cfg.backbone),
         timm_model=timm_model,
         pretrained_file=pretrained_file,
         name=name,
-        verbose=verbose, query_classes=query_classes,
+        verbose=values["verbose"], query_classes=query_classes,
     )
 
 

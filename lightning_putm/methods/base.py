@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lightning_putm.errors import ConfigError, DataError, FeatureError
+from lightning_putm.job_options import checked_memory_budget
 from lightning_putm.methods.options import MethodOptions
 from lightning_putm.methods.tensor_input import support_shots, tasks_from_tensors
 from lightning_putm.tasks import TaskBatch
@@ -110,12 +111,11 @@ class FewShotMethod(ABC):
         else:
             #: The checked, resolved options (None = by setting chosen for this evaluation setting).
             self.settings = self.Settings.build(settings, options, shots=shots, balanced=balanced)
-        if memory_budget_mb != "auto" and (isinstance(memory_budget_mb, (str, bool)) or not memory_budget_mb > 0):
-            raise ValueError(f"memory_budget_mb must be a positive number of MB or 'auto', got {memory_budget_mb!r}")
+        memory_budget_mb = checked_memory_budget(memory_budget_mb)  # the rule evaluate.py and predict check
         if query_counts is not None and not self.uses_class_prior:
             raise ValueError(f"{self.name} does not use a class prior; it must not receive query counts")
         #: Cap on a chunk's working memory in MB, or ``"auto"`` (free device memory; 2048 MB on CPU).
-        self.memory_budget_mb: float | str = "auto" if memory_budget_mb == "auto" else float(memory_budget_mb)
+        self.memory_budget_mb: float | str = memory_budget_mb
         #: The chunk size the last :meth:`predict` ended with (smaller than planned after an out-of-memory retry).
         self.last_chunk_size: int | None = None
         self.show_progress = show_progress

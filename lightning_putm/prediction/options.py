@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from lightning_putm.job_options import job_option
+from lightning_putm.job_options import MEMORY_BUDGET, job_option
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,8 @@ class PredictOptions:
     query: str | None = job_option(None, type="path", help="required: folder of unlabelled images (searched "
                                    "recursively)")
     method: str = job_option(
-        "putm", type="str", help="any of: putm, protonet, simpleshot, ptmap, tim, alpha_tim, bdcspn, laplacianshot, "
-        "ilpc, bavardage, alpha_am, unem; its settings: method.<name>.<key>=value (conf/method/<name>.yaml)")
+        "putm", type="str", help="any registered method (python evaluate.py --help lists them with their options); "
+        "its settings: method.<name>.<key>=value (conf/method/<name>.yaml)")
     output: str = job_option("predictions.csv", type="path", help="one row per query image: file, predicted_class, "
                              "probability, prob_<class> ...")
     counts_output: str | None = job_option(None, type="path", help="estimated number of queries per class; null = "
@@ -48,6 +48,6 @@ class PredictOptions:
     batch_size: int = job_option(256, type="int", help="images per backbone forward pass", low=1)
     seed: int = job_option(0, type="int", help="the task's seed (PUTM's navigator initialisation)", low=0)
     device: str = job_option("auto", type="str", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
-    memory_budget_mb: int | str = job_option(2048, type="int|auto", help="working memory of the method (MB; on CUDA "
-                                             "a cap under free memory; auto: see evaluate.yaml)")
+    memory_budget_mb: float | str = job_option(2048, **MEMORY_BUDGET, help="working memory of the method (MB; on "
+                                               "CUDA a cap under free memory; auto: see evaluate.yaml)")
     debug: bool = job_option(False, type="bool", help="show full tracebacks instead of one-line errors")

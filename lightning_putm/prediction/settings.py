@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from omegaconf import DictConfig
 
-from lightning_putm.config import (Override, Overrides, apply_overrides, conf_dir,
-                                   load_yaml, to_container)
+from lightning_putm.config import (Override, Overrides, apply_overrides, conf_dir, load_yaml, progress_seconds,
+                                   to_container)
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.presets import apply_presets
 from lightning_putm.evaluation.settings import BASE_SPLIT_PREFIX, method_arguments, resolve_device
 from lightning_putm.help import format_rows, help_width, job_rows, paragraph, usage
-from lightning_putm.job_options import checked_integer
+from lightning_putm.job_options import checked_options
 from lightning_putm.methods.catalog import available_methods, check_method_options, known_method, method_configs
 from lightning_putm.models.timm_names import check_model_name, timm_model_name
 from lightning_putm.prediction.options import PredictOptions
-from lightning_putm.validators import did_you_mean, memory_budget
+from lightning_putm.validators import did_you_mean
 
 if TYPE_CHECKING:  # torch loads once the settings are valid: config errors and --help come without it
     import torch
@@ -108,8 +108,12 @@ def _output_path(value: Any, key: str) -> Path:
 
 
 def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
-    """Validate the merged config; every problem is a :class:`ConfigError` naming the key."""
+    """Validate the merged config; every problem is a :class:`ConfigError` naming the key. Each key is first checked
+    against what its field declares (:func:`~lightning_putm.job_options.checked_options`); what follows relates
+    keys to each other and to files."""
     checkpoint, support, query = (_required_path(cfg, k) for k in ("checkpoint", "support", "query"))
+    values = checked_options(PredictOptions, cfg)
+    progress_seconds()  # $LIGHTNING_PUTM_PROGRESS_SECONDS, read by the progress lines later: checked now
     timm_model = timm_model_name(cfg.checkpoint)
     given = cfg.get("pretrained_file")
     pretrained_file = None if given in (None, "", "null", "None") else Path(str(given)).expanduser()
@@ -138,10 +142,6 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
         raise ConfigError(f"base_features: file not found: {base}; give auto, split:train, a feature file of the base "
                           "classes from the same backbone, or null")
     calibration = calibration_choice(cfg.get("calibration", "auto"), timm_model)
-    batch_size = checked_integer(PredictOptions, "batch_size", cfg.batch_size)
-    seed = checked_integer(PredictOptions, "seed", cfg.seed)
-    budget = memory_budget(cfg.memory_budget_mb)
-    calibration_tasks = checked_integer(PredictOptions, "calibration_tasks", cfg.get("calibration_tasks", 200))
     from lightning_putm.methods import build_method  # last, as it imports the methods (and torch)
 
     build_method(method, params, shots=1, balanced=False)  # a value only the constructor checks (UNEM's params_file)
@@ -149,9 +149,9 @@ def predict_settings(cfg: DictConfig, method: str) -> PredictSettings:
         checkpoint=checkpoint, support=support, query=query, method=method, method_params=params, output=output,
         counts_output=counts_output, base_features=base,
         data_root=None if cfg.data_root in (None, "") else str(cfg.data_root),
-        feature_cache_dir=Path(str(cfg.feature_cache_dir)), batch_size=batch_size, seed=seed,
-        device=resolve_device(str(cfg.device)), memory_budget_mb=budget, timm_model=timm_model,
-        pretrained_file=pretrained_file, calibration=calibration, calibration_tasks=calibration_tasks,
+        feature_cache_dir=Path(str(cfg.feature_cache_dir)), batch_size=values["batch_size"], seed=values["seed"],
+        device=resolve_device(str(cfg.device)), memory_budget_mb=values["memory_budget_mb"], timm_model=timm_model,
+        pretrained_file=pretrained_file, calibration=calibration, calibration_tasks=values["calibration_tasks"],
     )
 
 

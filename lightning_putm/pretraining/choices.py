@@ -10,6 +10,8 @@ from lightning_putm.errors import ConfigError
 
 STAGES = ("classifier", "rotation", "s2m2r")
 NCM_NORMALISATIONS = ("none", "l2")
+#: ``scheduler``: none = constant learning rate (S2M2), cosine = decay to 0 over the stage.
+SCHEDULERS = ("none", "cosine")
 #: ``compile=true`` means this torch.compile backend; a string names another (e.g. ``eager`` to debug tracing).
 DEFAULT_COMPILE_BACKEND = "inductor"
 

@@ -37,7 +37,8 @@ from lightning_putm.errors import ConfigError
 from lightning_putm.features.table import scatter_rows
 from lightning_putm.metrics import mean_and_ci95
 from lightning_putm.models import Backbone, CosineClassifier, Mixup, RotationHead, build_backbone, rotate_batch
-from lightning_putm.pretraining.choices import NCM_NORMALISATIONS, STAGES, check_channels_last, check_compile
+from lightning_putm.pretraining.choices import (NCM_NORMALISATIONS, SCHEDULERS, STAGES, check_channels_last,
+                                                check_compile)
 from lightning_putm.validators import choice
 
 #: Compiled variants torch may keep of the backbone's regions (see S2M2Module.prepare_for_device).
@@ -113,7 +114,7 @@ class S2M2Module(pl.LightningModule):
         self.compile_backend = check_compile(compile)
         if stage not in STAGES:
             raise ConfigError(f"unknown stage {stage!r}; stages: {', '.join(STAGES)}")
-        choice(scheduler, "scheduler", ("none", "cosine"))
+        choice(scheduler, "scheduler", SCHEDULERS)
         choice(ncm_normalise, "ncm", NCM_NORMALISATIONS)
         self.save_hyperparameters(ignore=["channels_last", "compile"])
         self.backbone: Backbone = build_backbone(backbone, in_channels=in_channels, **dict(backbone_options or {}))

@@ -8,12 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from lightning_putm.job_options import job_option, nested
+from lightning_putm.loggers import LOGGERS
+from lightning_putm.pretraining.choices import NCM_NORMALISATIONS, SCHEDULERS, STAGES
 
 
 @dataclass(frozen=True)
 class HeadOptions:
-    scale: float | str = job_option("auto", type="float|auto", help="cosine classifier scale; auto = 2 up to 200 "
-                                    "classes, else 10 (S2M2)")
+    scale: float | str = job_option("auto", type="float|auto", low=0, low_open=True,
+                                    help="cosine classifier scale; auto = 2 up to 200 classes, else 10 (S2M2)")
     class_gain: bool = job_option(True, type="bool", help="learnable per-class norm of the classifier rows (weight "
                                   "normalisation)")
 
@@ -32,35 +34,36 @@ class LoaderOptions:
 
 @dataclass(frozen=True)
 class ValEpisodeOptions:
-    ways: int = job_option(5, type="int", help="classes per validation task")
-    shots: int = job_option(1, type="int", help="labelled images per class")
-    queries: int = job_option(75, type="int", help="queries per task")
+    ways: int = job_option(5, type="int", low=1, help="classes per validation task")
+    shots: int = job_option(1, type="int", low=1, help="labelled images per class")
+    queries: int = job_option(75, type="int", low=1, help="queries per task")
     alpha: Any = job_option("balanced", type="float|balanced", help="balanced or a Dirichlet alpha > 0")
-    tasks: int = job_option(500, type="int", help="tasks per validation epoch (the best checkpoint's accuracy)")
+    tasks: int = job_option(500, type="int", low=1, help="tasks per validation epoch (the best checkpoint's "
+                            "accuracy)")
     seed: int = job_option(0, type="int", help="seed of the episode bank", low=0)
 
 
 @dataclass(frozen=True)
 class TestEpisodeOptions:
-    ways: int = job_option(5, type="int", help="classes per test task")
-    shots: int = job_option(1, type="int", help="labelled images per class")
-    queries: int = job_option(75, type="int", help="queries per task")
+    ways: int = job_option(5, type="int", low=1, help="classes per test task")
+    shots: int = job_option(1, type="int", low=1, help="labelled images per class")
+    queries: int = job_option(75, type="int", low=1, help="queries per task")
     alpha: Any = job_option("balanced", type="float|balanced", help="balanced or a Dirichlet alpha > 0")
-    tasks: int = job_option(1000, type="int", help="tasks of the final test (run_test=true)")
+    tasks: int = job_option(1000, type="int", low=1, help="tasks of the final test (run_test=true)")
     seed: int = job_option(0, type="int", help="seed of the episode bank", low=0)
 
 
 @dataclass(frozen=True)
 class FewShotEvalOptions:
-    every_n_epochs: int | None = job_option(None, type="int", help="null = off; k = after every k-th validation "
-                                            "epoch (logged as val_fewshot/...)")
+    every_n_epochs: int | None = job_option(None, type="int", low=1, help="null = off; k = after every k-th "
+                                            "validation epoch (logged as val_fewshot/...)")
     methods: list[str] = job_option(["simpleshot"], type="list", help="sized to cost less than the epoch it "
                                     "follows (docs/pretraining.md); PUTM costs far more per task: "
                                     "methods=[putm,simpleshot] with overrides=[method.putm.preset=fast]")
     shots: list[int] = job_option([1], type="list", help="labelled images per class of the checked tasks")
     alphas: list[Any] = job_option([2, "balanced"], type="list", help="Dirichlet alphas and/or balanced of the "
                                    "checked tasks")
-    tasks: int = job_option(500, type="int", help="ways, queries and seed come from val_episodes")
+    tasks: int = job_option(500, type="int", low=1, help="ways, queries and seed come from val_episodes")
     base_features: str | None = job_option(
         "split:train", type="str", help="CL2N's base-class mean (simpleshot, bdcspn, laplacianshot, bavardage): "
         "split:train = the train split's features with the checked weights, extracted at each check (only when such "
@@ -103,7 +106,8 @@ class TrainBackboneOptions:
                            "keys become data.* (data.root=...)")
     backbone: str = job_option("auto", type="name|auto", help="conf/backbone/<name>.yaml: wrn28_10, resnet12, "
                                "resnet18, conv4; auto = the recipe's (data.backbone)")
-    stages: Any = job_option("auto", type="list|auto", help="run in order (classifier | rotation | s2m2r); each "
+    stages: Any = job_option("auto", type="list|auto", element="str", choices=STAGES, nonempty=True,
+                             help=f"run in order ({' | '.join(STAGES)}); each "
                              "later stage starts from the previous stage's best; auto = the dataset's recipe "
                              "(data.stages: rotation, s2m2r; Omniglot: classifier)")
     init_from: str | None = job_option(None, type="path", help="checkpoint to start the first stage from (e.g. "
@@ -116,16 +120,17 @@ class TrainBackboneOptions:
                           "<dataset>/<backbone>/latest points at it), so no run replaces another's checkpoints; a "
                           "name reuses that folder; resume=true continues latest")
     seed: int = job_option(0, type="int", help="seed of the weights' initialisation and the batches", low=0)
-    lr: float = job_option(0.001, type="float", help="Adam (S2M2)")
-    weight_decay: float = job_option(0.0, type="float", help="Adam's weight decay")
-    scheduler: str = job_option("none", type="str", help="none (S2M2: constant lr) | cosine (decay to 0 over the "
-                                "stage, stepped per batch)")
-    mixup_alpha: float = job_option(2.0, type="float", help="s2m2r: lambda ~ Beta(alpha, alpha)")
-    mix_layers: list[int] = job_option([0, 1, 2, 3], type="list", help="s2m2r mix points: 0 = input, i = after "
-                                       "block i")
+    lr: float = job_option(0.001, type="float", low=0, low_open=True, help="Adam (S2M2)")
+    weight_decay: float = job_option(0.0, type="float", low=0, help="Adam's weight decay")
+    scheduler: str = job_option("none", type="str", choices=SCHEDULERS, help="none (S2M2: constant lr) | cosine "
+                                "(decay to 0 over the stage, stepped per batch)")
+    mixup_alpha: float = job_option(2.0, type="float", low=0, low_open=True,
+                                    help="s2m2r: lambda ~ Beta(alpha, alpha)")
+    mix_layers: list[int] = job_option([0, 1, 2, 3], type="list", element="int", nonempty=True,
+                                       help="s2m2r mix points: 0 = input, i = after block i")
     head: HeadOptions = nested(HeadOptions)
-    ncm: str = job_option("none", type="str", help="features before nearest class mean in val/test: none "
-                          "(Euclidean) | l2")
+    ncm: str = job_option("none", type="str", choices=NCM_NORMALISATIONS, help="features before nearest class mean "
+                          "in val/test: none (Euclidean) | l2")
     channels_last: bool | str = job_option(
         "auto", type="bool|auto", help="NHWC memory format for the backbone's weights and input images (faster "
         "convolutions on GPU tensor cores): auto = on when training on CUDA | true | false")
@@ -141,12 +146,14 @@ class TrainBackboneOptions:
                                 "checkpoint on the test split")
     fewshot_eval: FewShotEvalOptions = nested(FewShotEvalOptions, help="PUTM and peers on validation episodes "
                                               "during pretraining (FewShotEvaluationCallback)")
-    logger: str = job_option("csv", type="str", help="csv | wandb | none | auto (= wandb when installed)")
+    logger: str = job_option("csv", type="str", choices=tuple(LOGGERS), help=f"{' | '.join(LOGGERS)}; auto = wandb "
+                             "when installed")
     log_dir: str = job_option("outputs/train_backbone", type="path", help="where the csv logger writes its "
                               "metrics")
     wandb: TrainWandbOptions = nested(TrainWandbOptions)
-    trainer: TrainTrainerOptions = nested(TrainTrainerOptions, help="passed to pytorch_lightning.Trainer; any "
-                                          "Trainer argument works as trainer.<name>=value")
+    trainer: TrainTrainerOptions = nested(TrainTrainerOptions, checked=False, help="passed to "
+                                          "pytorch_lightning.Trainer; any Trainer argument works as "
+                                          "trainer.<name>=value")
     verbose: bool = job_option(False, type="bool", help="true = print the whole effective config (always saved as "
                                "<run folder>/config.yaml)")
     debug: bool = job_option(False, type="bool", help="full tracebacks instead of one-line errors")

@@ -21,12 +21,12 @@ from lightning_putm.data.settings import EpisodeSettings, LoaderSettings
 from lightning_putm.errors import ConfigError
 from lightning_putm.evaluation.settings import (EvaluationSettings, load_evaluate_config,
                                                 settings_from_config as evaluation_settings)
-from lightning_putm.job_options import checked_integer
+from lightning_putm.job_options import checked, checked_options
 from lightning_putm.loggers import LOGGERS, check_wandb_mode
-from lightning_putm.pretraining.choices import STAGES, check_channels_last, check_compile
+from lightning_putm.pretraining.choices import check_compile
 from lightning_putm.pretraining.options import TrainBackboneOptions
 from lightning_putm.runs import LATEST, slug
-from lightning_putm.validators import choice, did_you_mean, flag, mapping, number, parse_alpha, path, positive
+from lightning_putm.validators import flag, mapping, number, parse_alpha, positive
 
 
 #: Trainer arguments this job sets itself; use the named config keys instead.
@@ -135,11 +135,12 @@ def _check_backbone_options(options: dict[str, Any], name: str) -> None:
                 positive(item, where, integer=True)
 
 
-def _episodes(cfg: DictConfig, key: str) -> EpisodeSettings:
+def _episodes(cfg: DictConfig, key: str, values: dict[str, Any]) -> EpisodeSettings:
+    """``val_episodes``/``test_episodes``: the checked counts and seed (``values``), the alpha parsed."""
     node = cfg[key]
     alpha = None if node.alpha is None else parse_alpha(node.alpha, f"`{key}.alpha`")
-    values = {k: positive(node[k], f"{key}.{k}", integer=True) for k in ("ways", "shots", "queries", "tasks")}
-    return EpisodeSettings(alpha=alpha, seed=checked_integer(TrainBackboneOptions, f"{key}.seed", node.seed), **values)
+    return EpisodeSettings(alpha=alpha, **{k: values[f"{key}.{k}"] for k in ("ways", "shots", "queries", "tasks",
+                                                                            "seed")})
 
 
 def check_train_arguments(overrides: Iterable[str | Override]) -> None:
@@ -149,16 +150,13 @@ def check_train_arguments(overrides: Iterable[str | Override]) -> None:
 
 
 def settings_from_config(cfg: DictConfig) -> TrainSettings:
-    chosen = cfg.data.get("stages", ["rotation", "s2m2r"]) if cfg.stages == "auto" else cfg.stages
-    if isinstance(chosen, str):  # stages=rotation: one stage, without brackets
-        stages = [chosen]
-    else:
-        stages = [str(s) for s in chosen] if isinstance(chosen, (ListConfig, list)) else [repr(chosen)]
-    if not stages or any(s not in STAGES for s in stages):
-        wrong = next((s for s in stages if s not in STAGES), "")
-        hint = did_you_mean(wrong, STAGES).strip()
-        raise ConfigError(f"`stages` must list stages among {', '.join(STAGES)}, got {stages}"
-                          + (f"; {hint}" if hint else ""))
+    """Validate the merged config; every problem is a :class:`ConfigError` naming the key. Each key is first checked
+    against what its field declares (:func:`~lightning_putm.job_options.checked_options`); what follows relates
+    keys to each other and to the data and backbone files."""
+    values = checked_options(TrainBackboneOptions, cfg)
+    stages = values["stages"]
+    if stages == "auto":  # the dataset's recipe, checked as if it had been given
+        stages = checked(TrainBackboneOptions, "stages", cfg.data.get("stages", ["rotation", "s2m2r"]))
     epochs_cfg = to_container(cfg.data.epochs)
     max_epochs = cfg.trainer.get("max_epochs")
     epochs = {}
@@ -168,55 +166,46 @@ def settings_from_config(cfg: DictConfig) -> TrainSettings:
             raise ConfigError(f"no epoch count for stage {stage!r}: set data.epochs.{stage} or trainer.max_epochs")
         epochs[stage] = positive(value, "trainer.max_epochs" if max_epochs is not None else f"data.epochs.{stage}",
                                   integer=True)
-    scale = cfg.head.scale
-    head_scale = None if scale in (None, "auto") else float(positive(scale, "head.scale"))
-    choice(cfg.logger, "logger", tuple(LOGGERS))
+    head_scale = None if values["head.scale"] == "auto" else values["head.scale"]
     wandb = mapping(cfg.wandb, "wandb")
-    check_wandb_mode(wandb.get("mode"), str(cfg.logger))
-    seed = checked_integer(TrainBackboneOptions, "seed", cfg.seed)
-    mix_layers = cfg.mix_layers if not isinstance(cfg.mix_layers, int) else [cfg.mix_layers]
-    if (not isinstance(mix_layers, (list, ListConfig)) or not mix_layers
-            or any(isinstance(m, bool) or not isinstance(m, int) for m in mix_layers)):
-        raise ConfigError(f"`mix_layers` must be a non-empty list of layer indices (0 = input, i = after block i), "
-                          f"e.g. mix_layers=[0,1,2,3]; got {cfg.mix_layers!r}")
-    mix_layers = [int(m) for m in mix_layers]
+    check_wandb_mode(wandb.get("mode"), values["logger"])
     backbone_options = {k: v for k, v in to_container(cfg.backbone).items() if k != "name"}
     _check_backbone_options(backbone_options, str(cfg.backbone.name))
     trainer = {k: v for k, v in to_container(cfg.trainer).items() if k != "max_epochs"}
     _check_trainer_writes_checkpoints(trainer)
-    check_compile(cfg.compile, "compile")  # false | true | a torch.compile backend name
+    check_compile(cfg.compile, "compile")  # false | true | a torch.compile backend name (asks torch which)
     return TrainSettings(
         dataset=str(cfg.data.name),
         backbone=str(cfg.backbone.name),
         backbone_options=backbone_options,
         stages=stages,
         epochs=epochs,
-        init_from=path(cfg.init_from, "init_from") if cfg.init_from else None,
-        resume=flag(cfg.resume, "resume"),
-        checkpoint_dir=path(cfg.checkpoint_dir, "checkpoint_dir"),
+        init_from=None if values["init_from"] is None else Path(values["init_from"]),
+        resume=values["resume"],
+        checkpoint_dir=Path(values["checkpoint_dir"]),
         run=None if cfg.run in (None, "", "auto") else slug(str(cfg.run)),
-        seed=seed,
+        seed=values["seed"],
         module_args={
-            "lr": float(positive(cfg.lr, "lr")),
-            "weight_decay": number(cfg.weight_decay, "weight_decay"),
-            "scheduler": str(cfg.scheduler),
-            "mixup_alpha": float(positive(cfg.mixup_alpha, "mixup_alpha")),
-            "mix_layers": mix_layers,
+            "lr": values["lr"],
+            "weight_decay": values["weight_decay"],
+            "scheduler": values["scheduler"],
+            "mixup_alpha": values["mixup_alpha"],
+            "mix_layers": values["mix_layers"],
             "head_scale": head_scale,
-            "class_gain": flag(cfg.head.class_gain, "head.class_gain"),
-            "ncm_normalise": str(cfg.ncm),
-            "channels_last": check_channels_last(cfg.channels_last, "channels_last"),
+            "class_gain": values["head.class_gain"],
+            "ncm_normalise": values["ncm"],
+            "channels_last": values["channels_last"],
             "compile": cfg.compile,
         },
-        val_episodes=_episodes(cfg, "val_episodes"),
-        test_episodes=_episodes(cfg, "test_episodes"),
-        run_test=flag(cfg.run_test, "run_test"),
-        logger=str(cfg.logger),
-        log_dir=path(cfg.log_dir, "log_dir"),
+        val_episodes=_episodes(cfg, "val_episodes", values),
+        test_episodes=_episodes(cfg, "test_episodes", values),
+        run_test=values["run_test"],
+        logger=values["logger"],
+        log_dir=Path(values["log_dir"]),
         wandb=wandb,
         trainer=trainer,
         loader=_loader_settings(cfg),
-        fewshot_every=_fewshot_every(cfg),
+        fewshot_every=values["fewshot_eval.every_n_epochs"],
         fewshot_eval=_fewshot_settings(cfg),
         fewshot_base_split=_fewshot_base_split(cfg),
     )
@@ -243,11 +232,6 @@ def _loader_settings(cfg: DictConfig) -> LoaderSettings:
         raise ConfigError(f"unknown key(s) loader.{', loader.'.join(unknown)}; loader keys: "
                           f"{', '.join(LoaderSettings.__dataclass_fields__)}")
     return LoaderSettings(**node)
-
-
-def _fewshot_every(cfg: DictConfig) -> int | None:
-    every = cfg.fewshot_eval.every_n_epochs
-    return None if every is None else int(positive(every, "fewshot_eval.every_n_epochs", integer=True))
 
 
 def _fewshot_settings(cfg: DictConfig) -> EvaluationSettings | None:

@@ -7,7 +7,7 @@ lightning_putm.methods.putm import PUTM`` loads this module on first use.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -24,6 +24,9 @@ from lightning_putm.methods.putm.settings import PUTMSettings
 from lightning_putm.methods.putm.solvers import make_engine
 from lightning_putm.tasks import TaskBatch, weighted_class_means
 from lightning_putm.methods.registry import register_method
+
+if TYPE_CHECKING:
+    from lightning_putm.methods.putm.engines import Engine
 
 
 @register_method("putm")

@@ -116,7 +116,8 @@ def m_step_launch(rows: torch.Tensor, support_weights: torch.Tensor, forward: to
     return arguments, constants
 
 
-def launch_m_step(*args: object) -> None:
-    """One launch of :func:`m_step_kernel` over all tasks (the arguments of :func:`m_step_launch`)."""
+def launch_m_step(*args: object, kernel: object = None) -> None:
+    """One launch over all tasks (the arguments of :func:`m_step_launch`) of ``kernel``, by default
+    :func:`m_step_kernel` (:class:`.triton_engine.TritonEngine` passes its own, which a test may replace)."""
     arguments, constants = m_step_launch(*args)  # type: ignore[arg-type]
-    m_step_kernel[(len(arguments[0]),)](*arguments, **constants)  # type: ignore[arg-type]
+    (m_step_kernel if kernel is None else kernel)[(len(arguments[0]),)](*arguments, **constants)  # type: ignore

@@ -27,7 +27,8 @@ from __future__ import annotations
 import functools
 import warnings
 from types import ModuleType
-from typing import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -81,6 +82,28 @@ def e_step_kernel():
     return triton_wide.e_step_kernel_wide
 
 
+def m_step_kernel():
+    """The M-step kernel (:func:`.triton_em.m_step_kernel`), its module imported on first use."""
+    from lightning_putm.methods.putm import triton_em
+
+    return triton_em.m_step_kernel
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The two kernels an engine launches, each indexed by its grid and called (``kernel[grid](*args, **opts)``, as a
+    Triton JIT function is). The default is the real ones (:func:`default_kernels`); a caller that simulates a
+    machine (a driver too old to build them, a launch to inspect) passes others to :class:`TritonEngine`."""
+
+    e_step: Any
+    m_step: Any
+
+
+def default_kernels() -> Kernels:
+    """The fused E-step and the M-step kernel (importing their modules costs about a second: first use only)."""
+    return Kernels(e_step_kernel(), m_step_kernel())
+
+
 def pair_tile(precision: int) -> int:
     """Pairs per tile (``BLOCK_P``) for a kernel ``PRECISION``: 32 in bf16, 16 in fp32 and TF32, whose fp32 tiles
     spill less on sm_90 (docs/lab/gpu-kernel.md)."""
@@ -104,8 +127,10 @@ class TritonEngine(Engine):
     fixed_batch = True
 
     def __init__(self, navigator: Navigator, settings: PUTMSettings, compute_dtype: torch.dtype,
-                 fall_back_on_error: bool = False) -> None:
+                 fall_back_on_error: bool = False, kernels: Kernels | None = None) -> None:
         super().__init__(navigator, settings, compute_dtype)
+        #: The kernels launched (``None``: :func:`default_kernels`, looked up at the first launch).
+        self._kernels = kernels
         #: ``solver=auto`` chose this engine: if its kernels fail to build or launch on this machine (an old
         #: driver, a triton that cannot compile them), the ``compiled`` engine takes over with one notice, before
         #: any state has changed (:meth:`probe`). ``solver=triton`` asked by name raises instead.
@@ -155,7 +180,7 @@ class TritonEngine(Engine):
         if s.reinit_navigator or self.delegate is not None or self.steps or unsupported_reason(
                 ways, rows.shape[1] - num_support, rows.shape[2], self.navigator.widths[1:-1], rows.dtype):
             return None
-        from lightning_putm.methods.putm.triton_em import launch_m_step, m_step_fits
+        from lightning_putm.methods.putm.triton_em import m_step_fits
 
         if not m_step_fits(rows.shape[1], rows.shape[2]):
             return None
@@ -165,7 +190,7 @@ class TritonEngine(Engine):
         query = rows[:, num_support:].contiguous()
         prototypes = prototypes.clone().contiguous()
         cost = pair_costs(query, prototypes)
-        if not self.probe(query, prototypes, cost, lambda forward, backward, inactive: launch_m_step(
+        if not self.probe(query, prototypes, cost, lambda forward, backward, inactive: self.launch_m_step(
                 rows, support_weights, forward, backward, prototypes.clone(), cost.clone(), inactive,
                 torch.zeros_like(inactive), torch.zeros(len(rows), dtype=torch.int32, device=rows.device), 0,
                 s.inertia, s.rho, s.early_stop_tol, s.prototype_update)):
@@ -176,8 +201,8 @@ class TritonEngine(Engine):
         for step in progress(range(s.em_steps)):
             forward, backward = self.launch(query, prototypes, cost)
             self.steps += s.inner_steps
-            launch_m_step(rows, support_weights, forward, backward, prototypes, cost, self.active, final, em_steps,
-                          step, s.inertia, s.rho, s.early_stop_tol, s.prototype_update)
+            self.launch_m_step(rows, support_weights, forward, backward, prototypes, cost, self.active, final,
+                               em_steps, step, s.inertia, s.rho, s.early_stop_tol, s.prototype_update)
         forward, _ = self.launch(query, prototypes, cost)  # the final E-step; a settled task keeps its own rows
         self.steps += s.inner_steps
         return forward.clone(), prototypes, em_steps.to("cpu", torch.long)
@@ -260,8 +285,21 @@ class TritonEngine(Engine):
                                                                                                     torch.Tensor]:
         """One kernel launch over all tasks; returns the (persistent) π_f and π_b buffers."""
         arguments, constants, grid = self.kernel_arguments(query, prototypes, cost)
-        e_step_kernel()[grid](*arguments, **constants, **self.launch_options())
+        self.kernels.e_step[grid](*arguments, **constants, **self.launch_options())
         return self._outputs  # type: ignore[return-value]
+
+    @property
+    def kernels(self) -> Kernels:
+        """The kernels this engine launches (given, or the real ones)."""
+        if self._kernels is None:
+            self._kernels = default_kernels()
+        return self._kernels
+
+    def launch_m_step(self, *args: object) -> None:
+        """One launch of this engine's M-step kernel over all tasks (:func:`.triton_em.launch_m_step`)."""
+        from lightning_putm.methods.putm.triton_em import launch_m_step
+
+        launch_m_step(*args, kernel=self.kernels.m_step)
 
     def launch_options(self) -> dict[str, int]:
         """A launch's options besides its arguments: warps per program and software-pipelining stages (the settings'
@@ -337,6 +375,12 @@ def pair_costs(query: torch.Tensor, prototypes: torch.Tensor, chunk: int = COST_
 
 
 _NOTICED: set[str] = set()
+
+
+def reset_notices() -> None:
+    """Forget the reasons already noticed, so the next fall-back of each warns again (a long-lived process that
+    wants the notice per run, a test that checks it)."""
+    _NOTICED.clear()
 
 
 def notice(reason: str, failed: bool = False) -> None:
