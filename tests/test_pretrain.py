@@ -232,7 +232,7 @@ def test_one_stage_may_be_named_without_brackets() -> None:
     form still gets its hint."""
     assert settings_from_config(load_train_config(["stages=rotation"])).stages == ["rotation"]
     assert settings_from_config(load_train_config(["stages=[rotation,s2m2r]"])).stages == ["rotation", "s2m2r"]
-    with pytest.raises(ConfigError, match=r"got \['rotaton'\]; did you mean rotation"):
+    with pytest.raises(ConfigError, match=r"got 'rotaton'; did you mean rotation\?"):
         settings_from_config(load_train_config(["stages=rotaton"]))
 
 
