@@ -53,3 +53,15 @@ def test_every_relative_link_and_fragment_resolves(page: Path) -> None:
         elif fragment and path.suffix == ".md" and fragment not in slugs(path):
             broken.append(f"{target}#{fragment} (no such heading)")
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+#: The user pages that had grown into lab notebooks, and the most lines each may have (the rest goes to docs/lab/).
+USER_PAGE_LINES = {"README.md": 120, "docs/studies.md": 250, "docs/gpu.md": 300}
+
+
+@pytest.mark.parametrize("page,most", sorted(USER_PAGE_LINES.items()))
+def test_the_user_pages_stay_short(page: str, most: int) -> None:
+    """The README and the studies and GPU pages hold what a user needs; measurements, profiles and research logs go
+    to docs/lab/ and benchmarks/results/. Kills: a dated log or a kernel profile growing back into a user page."""
+    lines = len((ROOT / page).read_text().splitlines())
+    assert lines <= most, f"{page} has {lines} lines (at most {most}): move measurements and logs to docs/lab/"
