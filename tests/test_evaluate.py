@@ -42,7 +42,7 @@ def test_defaults_and_auto_values():
         ("alphas=[0]", r"alpha must be > 0"),
         ("alphas=[-2,balanced]", r"alpha must be > 0"),
         ("alphas=[two]", r"neither a positive number nor `balanced`"),
-        ("shots=one", r"`shots` must be a list of positive integers"),
+        ("shots=one", r"`shots` must be a non-empty list of positive integers"),
         ("ways=1", r"`ways` must be an integer >= 2"),
         ("tasks=0", r"`tasks` must be an integer >= 1"),
         ("device=cuda:0" if not torch.cuda.is_available() else "device=tpu", r"device"),

@@ -139,7 +139,7 @@ def test_help_lists_every_key_with_type_and_default(capsys) -> None:
     start = next(i for i, line in enumerate(lines) if line.strip().startswith("memory_budget_mb"))
     end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("   ")), len(lines))
     row = " ".join(lines[start:end])
-    assert "int" in lines[start] and "2048" in lines[start] and "chunked" in row  # type, default, meaning
+    assert "float|auto" in lines[start] and "2048" in lines[start] and "chunked" in row  # type, default, meaning
     train = run_in_process("train_backbone", ["-h"]).stdout
     assert "data.epochs" in train and "backbone.width" in train and "run " in train
 
