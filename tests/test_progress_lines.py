@@ -157,3 +157,66 @@ def test_predicts_calibration_says_its_cost_before_it_starts_and_reports_progres
 def progress_seconds(text: str) -> int:
     minutes, seconds = text.split(":")
     return 60 * int(minutes) + int(seconds)
+
+
+# ------------------------------------------------------------------------------- a long setting: a heartbeat
+def test_a_long_setting_gets_a_line_every_interval_and_none_after_it_ends() -> None:
+    """While one setting is solved (one chunk: nothing else reports), a background line every interval names the
+    setting, the tasks done so far and the elapsed time; none comes after the work ends. Kills: no heartbeat (a
+    log silent for a whole PUTM setting), a thread that outlives the setting (lines in the next one's place), a
+    line without the tasks done."""
+    import threading
+
+    from lightning_putm.evaluation.progress import Heartbeat
+
+    lines: list[str] = []
+    enough = threading.Event()
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if len(lines) >= 3:
+            enough.set()
+
+    with Heartbeat("setting 2/6 putm 1-shot alpha=2", log, total=1000, done=lambda: 250, every_seconds=0.01):
+        assert enough.wait(30), lines  # the work goes on until three lines came
+    after = len(lines)
+    threading.Event().wait(0.1)
+    assert len(lines) == after >= 3
+    assert all(re.fullmatch(r"setting 2/6 putm 1-shot alpha=2: solving, 250/1000 tasks done, elapsed \d+:\d\d", line)
+               for line in lines), lines
+
+
+def test_a_setting_done_within_the_interval_gets_no_heartbeat() -> None:
+    """Kills: a line at the start or the end of every setting (the finished-setting line says it already)."""
+    from lightning_putm.evaluation.progress import Heartbeat
+
+    lines: list[str] = []
+    with Heartbeat("setting 1/1 simpleshot 1-shot alpha=2", lines.append, total=10, every_seconds=60):
+        pass
+    assert lines == []
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_evaluate_prints_heartbeat_lines_of_a_long_setting_into_a_log(tmp_path: Path, monkeypatch, progress,
+                                                                      single_thread) -> None:
+    """``evaluate.py`` into a log (no terminal), the interval at its shortest: PUTM's setting, solved in one chunk,
+    prints ``solving, 0/4 tasks done`` lines before its finished-setting line, through the run's own log; with
+    ``progress=false`` none. Kills: the heartbeat only on a terminal or never started by the runner, lines that
+    bypass the run's log, a heartbeat that ignores ``progress=false``."""
+    from conftest import make_clustered_features
+    from lightning_putm.features.files import save_features
+
+    monkeypatch.setenv("LIGHTNING_PUTM_PROGRESS_SECONDS", "0")
+    features = save_features(make_clustered_features(classes=8, per_class=25, dim=16), tmp_path / "f.pt")
+    lines: list[str] = []
+    run_evaluate([f"features={features}", f"output_dir={tmp_path / 'out'}", "methods=[putm]", "tasks=4",
+                  "shots=[1]", "alphas=[2]", "ways=3", "queries=9", "logger=none", "plots=false",
+                  f"progress={str(progress).lower()}", "method.putm.em_steps=10", "method.putm.inner_steps=100"],
+                 log=lines.append)
+    beats = [i for i, line in enumerate(lines) if line.startswith("setting 1/1 putm 1-shot alpha=2: solving, ")]
+    finished = [i for i, line in enumerate(lines) if line.startswith("setting 1/1 putm 1-shot alpha=2: ") and "%" in line]
+    if progress:
+        assert beats and finished and max(beats) < finished[0], lines
+        assert all(", 0/4 tasks done, elapsed " in lines[i] for i in beats)
+    else:
+        assert beats == [] and finished == [], lines

@@ -11,6 +11,7 @@ minutes.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, Callable, TextIO
@@ -113,6 +114,38 @@ class Eta:
         """``elapsed 0:40, ETA 1:20`` (``ETA unknown`` before the first solved unit)."""
         left = self.left
         return f"elapsed {format_duration(self.elapsed)}, ETA " + ("unknown" if left is None else format_duration(left))
+
+
+class Heartbeat:
+    """A line every ``every_seconds`` (default :func:`~lightning_putm.config.progress_seconds`) while one long unit of
+    work runs where no bar is drawn, from a background thread: ``setting 1/66 putm 1-shot: solving, 0/1000 tasks
+    done, elapsed 2:00``. A PUTM setting of 1000 tasks solves in one chunk on a CPU, so nothing else would be
+    printed for the many minutes it takes; a unit done within the interval prints nothing. Use as a context
+    manager around the work; ``done`` reports the tasks finished so far (chunks), read when a line is due."""
+
+    def __init__(self, what: str, log: Callable[[str], None], total: int, done: Callable[[], int] = lambda: 0,
+                 every_seconds: float | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.what, self.log, self.total, self.done, self.clock = what, log, total, done, clock
+        every = progress_seconds() if every_seconds is None else every_seconds
+        self.every = max(every, 0.05)  # 0 means "every update" for counts; a heartbeat has none: a short period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="lightning-putm-heartbeat", daemon=True)
+        self.lines = 0
+
+    def __enter__(self) -> "Heartbeat":
+        self.started = self.clock()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            elapsed = format_duration(self.clock() - self.started)
+            self.log(f"{self.what}: solving, {self.done()}/{self.total} tasks done, elapsed {elapsed}")
+            self.lines += 1
 
 
 class ProgressLines:

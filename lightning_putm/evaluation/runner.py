@@ -8,6 +8,7 @@ shared by every method, so methods are compared on identical tasks. ``query_clas
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lightning_putm.data.episodes import EpisodeBank, sample_episode_bank
-from lightning_putm.evaluation.progress import Eta, format_duration, on_terminal
+from lightning_putm.evaluation.progress import Eta, Heartbeat, format_duration, on_terminal
 from lightning_putm.evaluation.records import Summary
 from lightning_putm.evaluation.settings import EvaluationSettings
 from lightning_putm.evaluation.sources import load_base_statistics
@@ -158,7 +159,9 @@ def evaluate_features(
                     setting = BarSetting(bar, eta, f"{name} {setting_name(shots, keff, alpha)}",
                                          stop_task - start_task)
                     start = time.perf_counter()
-                    with stop_on_signals():  # Ctrl-C, SIGTERM: the solver stops within a step, its threads too
+                    beat = (Heartbeat(f"setting {len(results) + 1}/{count} {setting.name}", log, setting.tasks,
+                                      lambda: setting.done) if wanted and not show else contextlib.nullcontext())
+                    with stop_on_signals(), beat:  # Ctrl-C, SIGTERM: the solver stops within a step, its threads too
                         probabilities = method.predict(batch, on_chunk=lambda n: _advance(setting, n, should_stop,
                                                                                           settings))
                     seconds = time.perf_counter() - start
