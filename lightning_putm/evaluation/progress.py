@@ -119,8 +119,8 @@ class Eta:
 class Heartbeat:
     """A line every ``every_seconds`` (default :func:`~lightning_putm.config.progress_seconds`) while one long unit of
     work runs where no bar is drawn, from a background thread: ``setting 1/66 putm 1-shot: solving, 0/1000 tasks
-    done, elapsed 2:00``. A PUTM setting of 1000 tasks solves in one chunk on a CPU, so nothing else would be
-    printed for the many minutes it takes; a unit done within the interval prints nothing. Use as a context
+    done, elapsed 2:00``. Otherwise a log shows nothing between two finished settings, and a 1000-task PUTM
+    setting takes a quarter of an hour on a 2-core CPU; a unit done within the interval prints nothing. Use as a context
     manager around the work; ``done`` reports the tasks finished so far (chunks), read when a line is due."""
 
     def __init__(self, what: str, log: Callable[[str], None], total: int, done: Callable[[], int] = lambda: 0,
