@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 
-from lightning_putm.evaluation.plot_style import (BALANCED, DEFAULT_FORMATS, UNIFORM, column_width, display_label,
-                                                  figure_paths, legend_columns, method_styles, new_figure,
-                                                  paper_style, protocol_text, save_figure)
+from lightning_putm.evaluation.plot_style import (BALANCED, DEFAULT_FORMATS, UNIFORM, accuracy_panel, column_width,
+                                                  display_label, figure_paths, legend_columns, method_legend,
+                                                  method_styles, new_figure, paper_style, protocol_text,
+                                                  save_figure)
 from lightning_putm.evaluation.records import Summary, as_summaries
 
 __all__ = ["plot_accuracy_vs_query_classes"]
@@ -77,16 +77,9 @@ def _accuracy_vs_query_classes_figure(rows: Sequence[Summary | Mapping[str, Any]
             ax.set_xticks([position[v] for v in values], ["all" if v is None else str(v) for v in values])
             ax.set_xlim(-0.5, len(values) - 0.5)
             ax.set_xlabel(r"classes in the query set $K_\mathrm{eff}$")
-            ax.tick_params(axis="x", length=0)
-            ax.set_title(f"{shot}-shot")
-            ax.grid(True, axis="y")
-            ax.set_axisbelow(True)
+            accuracy_panel(ax, shot)
         axes[0].set_ylabel("Accuracy (%)")
-        handles = [Line2D([], [], color=styles[k].colour, marker=styles[k].marker, linestyle=styles[k].linestyle,
-                          markeredgecolor=styles[k].colour, markeredgewidth=0.7,
-                          markerfacecolor=styles[k].colour if styles[k].filled else "white",
-                          label=display_label(*k)) for k in keys]
-        figure.legend(handles=handles, loc="outside lower center", ncols=columns)
+        method_legend(figure, styles, keys, columns)
         if title != "":
             imbalance = alpha if alpha in (BALANCED, UNIFORM) else (BALANCED if alpha is None else rf"$\alpha$ = {alpha}")
             protocol = protocol_text(ways, queries, [s.tasks for s in summaries])

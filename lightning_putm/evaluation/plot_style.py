@@ -18,7 +18,9 @@ from typing import Any
 import matplotlib
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from lightning_putm.atomic import atomic_savefig
 from lightning_putm.methods import method_display_name, method_order
@@ -281,3 +283,24 @@ def legend_columns(count: int, most: int) -> int:
     """Columns that spread ``count`` entries over as few, evenly filled rows as ``most`` columns allow."""
     rows = math.ceil(count / max(1, most))
     return max(1, math.ceil(count / max(1, rows)))
+
+
+def method_legend(figure: Figure, styles: dict[tuple[str, bool], MethodStyle], keys: Sequence[tuple[str, bool]],
+                  columns: int) -> None:
+    """One legend entry per method (its colour, marker and line style, open markers for an oracle prior), below
+    the panels: the legend of the accuracy figures (against α and against K_eff)."""
+    handles = [Line2D([], [], color=styles[k].colour, marker=styles[k].marker, linestyle=styles[k].linestyle,
+                      markeredgecolor=styles[k].colour, markeredgewidth=0.7,
+                      markerfacecolor=styles[k].colour if styles[k].filled else "white",
+                      label=display_label(*k)) for k in keys]
+    figure.legend(handles=handles, loc="outside lower center", ncols=columns)
+
+
+def accuracy_panel(ax: Axes, shot: int) -> None:
+    """What every panel of an accuracy figure shares: the shot as its title, no x tick marks, horizontal grid
+    lines behind the data."""
+    ax.tick_params(axis="x", length=0)
+    ax.set_title(f"{shot}-shot")
+    ax.grid(True, axis="y")
+    ax.set_axisbelow(True)
+

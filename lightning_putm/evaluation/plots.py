@@ -29,9 +29,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from lightning_putm.evaluation.plot_style import (BALANCED, DEFAULT_FORMATS, UNIFORM, class_colours, column_width,
-                                                  display_label, figure_paths, format_number, legend_columns,
-                                                  method_styles, new_figure, paper_style, protocol_text, save_figure)
+from lightning_putm.evaluation.plot_style import (BALANCED, DEFAULT_FORMATS, UNIFORM, accuracy_panel, class_colours,
+                                                  column_width, display_label, figure_paths, format_number,
+                                                  legend_columns, method_legend, method_styles, new_figure,
+                                                  paper_style, protocol_text, save_figure)
 from lightning_putm.evaluation.records import Summary, as_summaries
 
 __all__ = ["class_labels", "plot_accuracy_vs_alpha", "plot_query_counts", "plot_prototype_tsne"]
@@ -144,16 +145,9 @@ def _accuracy_vs_alpha_figure(rows: Sequence[Summary | Mapping[str, Any]], width
             ax.set_xticks(ticks, labels)
             ax.set_xlim(min(ticks) - 0.5, max(ticks) + 0.5)
             ax.set_xlabel(r"Dirichlet concentration $\alpha$")
-            ax.tick_params(axis="x", length=0)
-            ax.set_title(f"{shot}-shot")
-            ax.grid(True, axis="y")
-            ax.set_axisbelow(True)
+            accuracy_panel(ax, shot)
         axes[0].set_ylabel("Accuracy (%)")
-        handles = [Line2D([], [], color=styles[k].colour, marker=styles[k].marker, linestyle=styles[k].linestyle,
-                          markeredgecolor=styles[k].colour, markeredgewidth=0.7,
-                          markerfacecolor=styles[k].colour if styles[k].filled else "white",
-                          label=display_label(*k)) for k in keys]
-        figure.legend(handles=handles, loc="outside lower center", ncols=columns)
+        method_legend(figure, styles, keys, columns)
         if title != "":
             protocol = protocol_text(ways, queries, [item["tasks"] for item in parsed], query_classes)
             first = title or ": ".join(p for p in (dataset, protocol) if p) or "Accuracy against query imbalance"
