@@ -1,14 +1,17 @@
 """The instruction mix of one Adam step of the Hopper E-step kernel, from its SASS (``cuobjdump --dump-sass``).
 
 Every instruction between the top of the kernel's step loop (its outermost backward branch) and that branch runs
-once per Adam step; an instruction inside a loop nested in it runs once per trip. The nested loops of the kernel are
-the passes over 128 pairs (3 trips at 375 pairs) and the CT head's strided loops over the queries (at most 3 trips
-at 75 queries), so each nested loop is weighted by ``--trips`` (3). Branches not taken (the balance term when
+once per Adam step; an instruction inside a loop nested in it runs once per trip. The nested loops are the kernel's
+two loops over passes of 128 pairs, in address order: the forward's (every pass: 3 trips at 375 pairs) and the
+backward's over the passes after the first (2 trips; the first pass's h1 and h2 come from the forward, in registers),
+so each is weighted by its own trip count (:func:`pass_loop_trips`; a loop of one trip is no loop in the SASS). The
+CT head's loops over the queries are unrolled by the compiler; the warp-divergence fallbacks (``BRA.DIV`` targets,
+after the step loop) are not run by converged warps and not counted. Branches not taken (the balance term when
 theta = 0, the bias block of half the warps) are counted as if taken: the count is an upper bound per warp.
 
     python tools/hopper_sass.py                    # compile (NVRTC, sm_90a, 1-shot shape) and count
     python tools/hopper_sass.py --dim 100          # the 5-shot shape
-    python tools/hopper_sass.py kernel.cubin       # count a cubin built elsewhere
+    python tools/hopper_sass.py kernel.cubin       # count a cubin built elsewhere (its --queries, --ways)
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +76,17 @@ def dump_sass(cubin: bytes) -> str:
         return subprocess.run([tool, "--dump-sass", file.name], capture_output=True, text=True, check=True).stdout
 
 
-def instruction_mix(sass: str, trips: int = 3) -> Mix:
-    """Per-Adam-step counts of a kernel's SASS: the outermost loop is the step loop, nested loops weigh ``trips``."""
+def pass_loop_trips(queries: int = 75, ways: int = 5) -> list[int]:
+    """Trips of the kernel's loops nested in the step loop, in address order: the forward's over every pass of 128
+    pairs, the backward's over the passes after the first; a loop of one trip (or none) is not a loop in the SASS."""
+    passes = -(-queries * ways // 128)
+    return [trips for trips in (passes, passes - 1) if trips > 1]
+
+
+def instruction_mix(sass: str, trips: Sequence[int] | int = (3, 2)) -> Mix:
+    """Per-Adam-step counts of a kernel's SASS: the outermost loop is the step loop; the loops nested in it weigh
+    ``trips`` (one count per loop in address order, or one count for all); a different number of nested loops than
+    counts means the kernel's structure changed and raises ValueError."""
     instructions: list[tuple[int, str, str, str]] = []
     for line in sass.splitlines():
         match = LINE.match(line)
@@ -93,10 +106,14 @@ def instruction_mix(sass: str, trips: int = 3) -> Mix:
     weights = [0] * len(instructions)
     for k in range(start, end + 1):
         weights[k] = 1
-    nested = [(lo, hi) for lo, hi in loops[1:] if lo >= start and hi <= end]
-    for lo, hi in nested:
+    nested = sorted((lo, hi) for lo, hi in loops[1:] if lo >= start and hi <= end)
+    counts = [trips] * len(nested) if isinstance(trips, int) else list(trips)
+    if len(counts) != len(nested):
+        raise ValueError(f"{len(nested)} loops nested in the step loop, {len(counts)} trip counts given: the kernel's "
+                         "loop structure is not the one this count models (see pass_loop_trips)")
+    for (lo, hi), count in zip(nested, counts):
         for k in range(lo, hi + 1):
-            weights[k] *= trips
+            weights[k] *= count
     groups = {name: 0 for name in [*GROUPS, OTHER]}
     opcodes: collections.Counter = collections.Counter()
     for weight, (_, op, full, _) in zip(weights, instructions):
@@ -124,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ways", type=int, default=5)
     parser.add_argument("--dim", type=int, default=80, help="basis width m (80: 1 shot, 100: 5 shots)")
     parser.add_argument("--exact-adam", action="store_true")
-    parser.add_argument("--trips", type=int, default=3, help="weight of a loop nested in the step loop")
+    parser.add_argument("--trips", type=int, nargs="+", default=None,
+                        help="trips of each loop nested in the step loop (default: pass_loop_trips of the shape)")
     args = parser.parse_args(argv)
     if args.cubin:
         cubin = Path(args.cubin).read_bytes()
@@ -135,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r.spill_stores} B spill stores, {r.spill_loads} B spill loads, {r.stack_frame} B stack frame; "
               f"shared memory {shared_bytes(args.queries, args.ways, args.dim):,} B")
         cubin = made.cubin
-    print(report(instruction_mix(dump_sass(cubin), args.trips)))
+    print(report(instruction_mix(dump_sass(cubin), args.trips or pass_loop_trips(args.queries, args.ways))))
     return 0
 
 

@@ -6,10 +6,12 @@
 // values rounded to bf16 at the same places, the CT loss in fp32 (both softmax directions, the balance term when
 // theta != 0), Adam on fp32 master weights with the bias corrections of a per-step schedule; only the order of the
 // fp32 sums differs. Per Adam step:
-//   forward   3 passes of 128 pairs (warp w: 16 rows); L1 -> L2 chained in registers (an accumulator fragment
-//             re-packed as the next product's A fragment); L3 (64 -> 1) on the CUDA cores; logits to shared memory
+//   forward   3 passes of 128 pairs (warp w: 16 rows), last to first; L1 -> L2 chained in registers (an accumulator
+//             fragment re-packed as the next product's A fragment); L3 (64 -> 1) on the CUDA cores; logits to shared
+//             memory; the first pass's h1, h2 stay in registers for the backward
 //   CT head   column statistics (warp k: class k), then rows (thread j: query j): dL/dlogit to shared memory
-//   backward  3 passes: h1, h2 computed again; g2, h1 and g1 staged in shared memory (g1 = g2 W2^T in two halves of
+//   backward  3 passes, the first with the forward's h1, h2, the others' computed again (5 forwards a step, not 6:
+//             -8% instructions); g2, h1 and g1 staged in shared memory (g1 = g2 W2^T in two halves of
 //             64 columns); each warp accumulates ITS OWN block of dW1^T (16 x XS: the x0 column M is 1, so the last
 //             block holds db1) and dW2^T (16 x 64, + the h1 column 128 = 1: db2) over the passes, in registers; w3's
 //             gradient summed over the warp's rows every pass (a scratch in the warp's g1 rows), 2 registers a thread
@@ -209,6 +211,14 @@ __device__ __forceinline__ void forward_rows(u32 sb, const Small& s, int row0, i
   }
 }
 
+// The block's task, read again where the step loop needs it (a volatile read: not hoisted, so the 64-bit addresses
+// made from it are not held in registers across the step loop; they spilled once the forward's h1, h2 were kept)
+__device__ __forceinline__ long long block_task() {
+  u32 b;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
+  return b;
+}
+
 // Adam on one element (adam.py's StackedAdam): m <- lerp(m, g, w1); v <- b2 v + (1 - b2) g g;
 // p <- p - step_size * m / (sqrt(v) / bc2 + eps)
 __device__ __forceinline__ float adam1(float p, float& m, float& v, float g, float w1, int from_end, float beta2,
@@ -311,10 +321,11 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
   const float tf = (1.f - theta) * rho / Q, tb = (1.f - theta) * (1.f - rho) / N;
   for (int step = 0; step < inner_steps; ++step) {
     // ---------------------------------------------------------------- forward: logits to shared memory
+    // the passes last to first: pass 0's h1 and h2 stay in registers for the backward, which starts with it
+    u32 aH1[8][4], h2[8][2];
     PASS_UNROLL
-    for (int pass = 0; pass < PASSES; ++pass) {
+    for (int pass = PASSES - 1; pass >= 0; --pass) {
       const int row0 = pass * PASS + warp * 16;
-      u32 aH1[8][4], h2[8][2];
       forward_rows(sb, s, row0, lane, sl, aH1, h2);
       float lg = 0.f, lg8 = 0.f;  // L3: h2 . w3 on the CUDA cores, a quad reduction
 #pragma unroll
@@ -418,12 +429,10 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
 #pragma unroll
     for (int n = 0; n < 9; ++n) dw2[n][0] = dw2[n][1] = dw2[n][2] = dw2[n][3] = 0.f;
     const int lrow = warp * 16, jb = warp & 3, hb = warp >> 2;
-    PASS_UNROLL
-    for (int pass = 0; pass < PASSES; ++pass) {
+    // one pass of the backward over 128 pairs, given the pass's h1 and h2 (aH1, h2)
+    auto backward_pass = [&](const int pass) {
       const int row0 = pass * PASS + lrow;
       {
-        u32 aH1[8][4], h2[8][2];
-        forward_rows(sb, s, row0, lane, sl, aH1, h2);  // computed again: h1, h2 are not kept
         const float gr = bf16r(s.gout[row0 + g]), gr8 = bf16r(s.gout[row0 + g + 8]);  // the bf16 gradient
         const u32 grp = pack(gr, gr), grp8 = pack(gr8, gr8);
         u32 aG2[4][4];
@@ -532,9 +541,16 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
         }
       }
       __syncthreads();
+    };
+    backward_pass(0);  // pass 0's h1, h2: still in registers from the forward
+    PASS_UNROLL
+    for (int pass = 1; pass < PASSES; ++pass) {  // the others' computed again (registers do not hold them all)
+      forward_rows(sb, s, pass * PASS + lrow, lane, sl, aH1, h2);
+      backward_pass(pass);
     }
 
     // ---------------------------------------------------------------- Adam on the fragment registers
+    state = work + block_task() * (3 * NQ * THREADS) + tid;
     const float2 sch = schedule[step];
     const float step_size = sch.x, bc2 = sch.y, inv_bc2 = 1.f / sch.y;
     float grad[SLOTS];
@@ -594,12 +610,13 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
     __syncthreads();
     if (tid <= H2) {  // threads 0..63: w3[tid] (a bf16 product output); thread 64: b3 (fp32 sum of dL/dlogit)
       float gsum = 0.f;
-      long long at = b3_at;
+      const long long task = block_task();
+      long long at = off_b3 + task;
       if (tid < H2) {
 #pragma unroll
         for (int w = 0; w < NWARPS; ++w) gsum += s.red[w * H2 + tid];
         gsum = bf16r(gsum);
-        at = w3_at + tid * W3S;
+        at = off_w3 + task * (H2 * W3S) + tid * W3S;
       } else {
 #pragma unroll
         for (int w = 0; w < NWARPS; ++w) gsum += s.b3grad[w];
@@ -614,6 +631,8 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
   }
 
   // ---------------------------------------------------------------- the workspace back to the flat buffers
+  const long long task_end = block_task();
+  state = work + task_end * (3 * NQ * THREADS) + tid;
 #pragma unroll 1
   for (int q = 0; q < NQ; ++q) {
     const float4 w4 = state[(0 * NQ + q) * THREADS], m4 = state[(1 * NQ + q) * THREADS],
@@ -624,7 +643,8 @@ putm_e_step(const float* __restrict__ query, const float* __restrict__ protos, c
       const int code = slot_index[(q * 4 + e) * THREADS + tid];
       if (code >= 0) {
         const int seg = code >> 24, off = code & 0xFFFFFF;
-        const long long at = (seg == 0 ? w1_at : seg == 1 ? w2_at : seg == 2 ? b1_at : b2_at) + off;
+        const long long at = (seg == 0 ? task_end * (M * H1) : seg == 1 ? off_w2 + task_end * (H1 * H2)
+                              : seg == 2 ? off_b1 + task_end * H1 : off_b2 + task_end * H2) + off;
         params[at] = ws[e]; exp_avg[at] = ms[e]; exp_avg_sq[at] = vs[e];
       }
     }
