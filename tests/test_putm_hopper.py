@@ -229,6 +229,30 @@ def two_e_steps(restart: bool) -> tuple[list, list]:
     return outs
 
 
+def test_w3_and_b3_gradients_are_summed_in_the_kernels_order():
+    """w3's gradient: each warp's rows over the passes first, then the warps; b3's: each query's row, a butterfly
+    over each warp's lanes, then the warps. Values chosen so that 2^24 + 1 rounds back to 2^24 in fp32, worked by
+    hand in the kernel's order: any other order gives the other answer. Kills: the rows summed in pair order
+    (pass 0's warps before pass 1; w3 gives 1, not 0), the lanes summed in order (b3 gives 0, not 1)."""
+    from lightning_putm.methods.putm.hopper.emulate import b3_gradient, w3_gradient
+
+    big = float(2 ** 24)
+    gr, h2 = torch.ones(1, 384), torch.zeros(1, 384, 64)
+    h2[0, 0, 5] = big  # pass 0, warp 0, row 0
+    h2[0, 16, 5] = -big  # pass 0, warp 1, row 0
+    h2[0, 128, 5] = 1.0  # pass 1, warp 0, row 0: warp 0's sum 2^24 + 1 = 2^24, then warp 1's -2^24
+    w3 = w3_gradient(gr, h2)
+    assert w3[0, 5].item() == 0.0 and w3[0].abs().sum().item() == 0.0
+    h2[0, 16, 5] = 0.0
+    assert w3_gradient(gr, h2)[0, 5].item() == big  # the rows past a pass's first 16 are another warp's: 2^24
+    gout = torch.zeros(1, 75, 5)
+    gout[0, 0, 0], gout[0, 1, 3], gout[0, 2, 4] = big, 1.0, -big  # lanes 0, 1, 2 of warp 0
+    # butterfly: offset 2 adds lane 2 to lane 0 (2^24 - 2^24 = 0), offset 1 then adds lane 1's 1
+    assert b3_gradient(gout)[0, 0].item() == 1.0
+    gout[0, 40, 2] = 3.0  # warp 1
+    assert b3_gradient(gout)[0, 0].item() == 4.0
+
+
 def test_adam_steps_carry_across_e_steps_and_pi_is_the_last_steps():
     """The second E-step continues Adam's bias corrections (steps 3 and 4) and returns π_f, π_b of its last step
     before the update, as the fused engine does. Kills: a schedule restarting each E-step (the ``restart`` mutant,

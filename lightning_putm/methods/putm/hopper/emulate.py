@@ -9,9 +9,11 @@ then 8), rounded to bf16 where the kernel rounds (every product's output, LeakyR
 columns); ``∂W1ᵀ``, ``∂W2ᵀ`` accumulated pass by pass and 16 pairs at a time; L3's sum in the lanes' order; Adam on
 the slots with the bias corrections of a schedule; ``(π_f, π_b)`` of the last step before its update.
 
+``w3``'s and ``b3``'s gradients are summed in the kernel's order too (:func:`w3_gradient`, :func:`b3_gradient`).
+
 What it cannot replay: the order of the 16 products inside one tensor-core instruction, the GPU's approximate
 ``exp``, square root and reciprocal (``__expf``, ``sqrt.approx``, ``rcp.approx``: within 2 ulp; here the exact
-functions), and the order of the CT head's and of ``w3``'s fp32 sums. Each is a float-rounding difference.
+functions), and the order of the CT head's softmax sums. Each is a float-rounding difference.
 
 :class:`EmulatedEngine` runs it as an E-step :class:`~..engines.Engine`, so the emulation runs the ordinary EM loop
 (``PUTM(engine=EmulatedEngine)``) and is checked end to end against the ``fused`` engine (tests/test_putm_hopper.py).
@@ -154,7 +156,7 @@ def e_step(layout: Layout, query: torch.Tensor, prototypes: torch.Tensor, cost: 
             forward_out[tasks], backward_out[tasks] = forward, backward
         # ---- backward
         gr = bf16(gout)
-        grad_w3 = bf16((gr.unsqueeze(2) * h2).sum(1))
+        grad_w3 = w3_gradient(gr, h2)
         g2 = leaky_backward(bf16(gr.unsqueeze(2) * w3.unsqueeze(1)), h2, slope)
         g1 = leaky_backward(bf16(chunked_product(g2, w2.transpose(1, 2), torch.zeros(t, p_pad, H1, device=flat.device),
                                                  [16] * (H2 // 16))), h1, slope)
@@ -169,7 +171,7 @@ def e_step(layout: Layout, query: torch.Tensor, prototypes: torch.Tensor, cost: 
         step_size, bc2 = float(schedule[step, 0]), float(schedule[step, 1])
         params, mean, square = state
         adam(params, mean, square, slot_grad, weight1, beta2, step_size, bc2)
-        small = torch.cat([grad_w3, gout.sum(1, keepdim=True)], dim=1)
+        small = torch.cat([grad_w3, b3_gradient(gout[:, :p].reshape(t, q, n))], dim=1)
         small_at = torch.cat([w3_at, b3_at.unsqueeze(1)], dim=1)
         small_state = [buffer[small_at] for buffer in (flat, exp_avg, exp_avg_sq)]
         adam(*small_state, small, weight1, beta2, step_size, bc2)
@@ -178,6 +180,41 @@ def e_step(layout: Layout, query: torch.Tensor, prototypes: torch.Tensor, cost: 
     for buffer, value in zip((flat, exp_avg, exp_avg_sq), state):
         buffer[positions[real]] = value[real]
     return forward_out, backward_out
+
+
+def w3_gradient(gr: torch.Tensor, h2: torch.Tensor) -> torch.Tensor:
+    """``bf16(Σ_p gr_p · h2_p)`` ``[T, 64]`` in the kernel's order: warp ``w`` owns rows ``16w..16w+15`` of every
+    pass; per pass it adds its 8 row pairs ``(r, r + 8)`` in order, each pair's two products (exact in fp32: bf16
+    times bf16) rounded once by their sum; then the 8 warps' sums, warp 0 first, from 0."""
+    t, padded = gr.shape
+    products = (gr.unsqueeze(2) * h2).reshape(t, padded // PASS, THREADS // 32, 16, H2)
+    pairs = products[:, :, :, :8] + products[:, :, :, 8:]  # [T, passes, warps, 8, 64]
+    per_warp = torch.zeros(t, THREADS // 32, H2, dtype=gr.dtype, device=gr.device)
+    for pass_ in range(pairs.shape[1]):
+        for r in range(8):
+            per_warp = per_warp + pairs[:, pass_, :, r]
+    total = torch.zeros(t, H2, dtype=gr.dtype, device=gr.device)
+    for warp in range(per_warp.shape[1]):
+        total = total + per_warp[:, warp]
+    return bf16(total)
+
+
+def b3_gradient(gout: torch.Tensor) -> torch.Tensor:
+    """``Σ dL/dlogit`` ``[T, 1]`` in the kernel's order (fp32, not rounded: a bias): thread ``j`` sums query ``j``'s
+    row over the classes in order, each warp's 32 threads by a butterfly (``x + x[lane ^ o]``, o = 16, 8, 4, 2, 1),
+    then the 8 warps' sums, warp 0 first, from 0; threads past the last query hold 0."""
+    t, q, n = gout.shape
+    rows = torch.zeros(t, THREADS, dtype=gout.dtype, device=gout.device)
+    for k in range(n):
+        rows[:, :q] = rows[:, :q] + gout[:, :, k]
+    lanes = rows.reshape(t, THREADS // 32, 32)
+    index = torch.arange(32, device=gout.device)
+    for offset in (16, 8, 4, 2, 1):
+        lanes = lanes + lanes[:, :, index ^ offset]
+    total = torch.zeros(t, 1, dtype=gout.dtype, device=gout.device)
+    for warp in range(lanes.shape[1]):
+        total = total + lanes[:, warp, :1]
+    return total
 
 
 def slot_gradients(layout: Layout, dw1t: torch.Tensor, dw2t: torch.Tensor) -> torch.Tensor:
