@@ -136,6 +136,45 @@ def test_a_resumed_setting_gives_its_kind_no_pace():
     assert eta.left == pytest.approx(4.0 + 4.0)
 
 
+def test_settings_stored_on_disk_count_as_no_time_left():
+    """A resumed run with most settings stored: only the ones still to solve are paced. Kills every setting left
+    paced as if solved (here 40 s instead of 10 s; within the first setting 45 s instead of 15 s), and a stored
+    flag taken from the wrong unit."""
+    now = [0.0]
+    eta = Eta(5, clock=lambda: now[0], kinds=["putm", "simpleshot"] * 2 + ["putm"],
+              stored=[False, True, True, True, False])
+    now[0] = 5.0
+    assert eta.left_in_unit(0.5) == pytest.approx(5.0 + 10.0)  # its rest, then the last putm setting only
+    now[0] = 10.0
+    eta.advance(1)  # putm solved in 10 s; then three stored settings and one putm setting to solve
+    assert eta.left == pytest.approx(10.0)
+    for _ in range(3):
+        eta.advance(1, solved=False)
+    now[0] = 15.0
+    assert eta.left_in_unit(0.5) == pytest.approx(5.0)  # the last one, half done at its own pace
+    with pytest.raises(ValueError, match="1 stored flags for 2 units"):
+        Eta(2, stored=[True])
+
+
+def test_the_evaluation_tells_the_eta_which_settings_it_will_read_back(workdir, monkeypatch):
+    """Run again into the same folder with one more method: the settings flagged stored are exactly the ones the
+    run then reads back. Kills: no flags (every setting paced), flags in another order than the settings."""
+    made: list[Eta] = []
+
+    class Recording(Eta):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(runner, "Eta", Recording)
+    common = ["shots=[1,5]", "alphas=[2,balanced]", "tasks=3", "logger=none", "output_dir=out", "plots=false"]
+    evaluate_captured(["methods=[simpleshot]", *common])
+    stdout, _ = evaluate_captured(["methods=[protonet,simpleshot]", *common])
+    read_back = [line.startswith("setting ") and "read back" in line for line in stdout.splitlines()
+                 if line.startswith("setting ")]
+    assert read_back == [False, True] * 4 and made[1].stored == read_back
+
+
 def test_the_evaluation_tells_the_eta_its_settings_in_the_order_it_solves_them(workdir, monkeypatch):
     """The kinds the runner hands over are the methods of its setting lines, in order (a wrong order paces every
     setting by another method's time)."""

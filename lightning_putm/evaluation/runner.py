@@ -120,7 +120,11 @@ def evaluate_features(
     count = banks * len(settings.methods)
     total = count * (stop_task - start_task)
     bar = tqdm(total=total, desc="tasks", unit="task", disable=not show, dynamic_ncols=True, bar_format=BAR_FORMAT)
-    eta = Eta(count, kinds=[name for _ in range(banks) for name in settings.methods])
+    order = [(shots, keff, alpha, name) for shots in settings.shots for keff in settings.query_classes
+             for alpha in settings.alphas for name in settings.methods]
+    eta = Eta(count, kinds=[name for *_, name in order],  # a stored setting is expected to be read back: no time
+              stored=[store is not None and store.path(name, shots, alpha, keff).is_file()
+                      for shots, keff, alpha, name in order])
     report = (lambda line: log(line)) if wanted and not show else (lambda line: None)
     results: list[SettingResult] = []
     common = _common_inputs(feature_set, settings, base_mean, base_covariance) if store is not None else {}
