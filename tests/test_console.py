@@ -156,9 +156,9 @@ def test_settings_stored_on_disk_count_as_no_time_left():
         Eta(2, stored=[True])
 
 
-def test_the_evaluation_tells_the_eta_which_settings_it_will_read_back(workdir, monkeypatch):
-    """Run again into the same folder with one more method: the settings flagged stored are exactly the ones the
-    run then reads back. Kills: no flags (every setting paced), flags in another order than the settings."""
+@pytest.fixture
+def made_etas(monkeypatch) -> list[Eta]:
+    """Every Eta the evaluation runner makes, in order (to read the kinds and stored flags it was handed)."""
     made: list[Eta] = []
 
     class Recording(Eta):
@@ -167,29 +167,26 @@ def test_the_evaluation_tells_the_eta_which_settings_it_will_read_back(workdir, 
             made.append(self)
 
     monkeypatch.setattr(runner, "Eta", Recording)
+    return made
+
+
+def test_the_evaluation_tells_the_eta_which_settings_it_will_read_back(workdir, made_etas):
+    """Run again into the same folder with one more method: the settings flagged stored are exactly the ones the
+    run then reads back. Kills: no flags (every setting paced), flags in another order than the settings."""
     common = ["shots=[1,5]", "alphas=[2,balanced]", "tasks=3", "logger=none", "output_dir=out", "plots=false"]
     evaluate_captured(["methods=[simpleshot]", *common])
     stdout, _ = evaluate_captured(["methods=[protonet,simpleshot]", *common])
-    read_back = [line.startswith("setting ") and "read back" in line for line in stdout.splitlines()
-                 if line.startswith("setting ")]
-    assert read_back == [False, True] * 4 and made[1].stored == read_back
+    read_back = ["read back" in line for line in stdout.splitlines() if line.startswith("setting ")]
+    assert read_back == [False, True] * 4 and made_etas[1].stored == read_back
 
 
-def test_the_evaluation_tells_the_eta_its_settings_in_the_order_it_solves_them(workdir, monkeypatch):
+def test_the_evaluation_tells_the_eta_its_settings_in_the_order_it_solves_them(workdir, made_etas):
     """The kinds the runner hands over are the methods of its setting lines, in order (a wrong order paces every
     setting by another method's time)."""
-    made: list[Eta] = []
-
-    class Recording(Eta):
-        def __init__(self, *args, **kwargs) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(runner, "Eta", Recording)
     stdout, _ = evaluate_captured(["methods=[simpleshot,protonet]", "shots=[1,5]", "alphas=[2,balanced]", "tasks=3",
                                    "logger=none", "output_dir=out", "plots=false"])
     solved = [line.split()[2] for line in stdout.splitlines() if line.startswith("setting ")]
-    assert len(solved) == 8 and made[0].kinds == solved
+    assert len(solved) == 8 and made_etas[0].kinds == solved
 
 
 def test_wrote_line_names_the_folder_once_and_counts_figures():

@@ -52,7 +52,7 @@ class Eta:
 
     With ``stored`` (per unit: whether a result of it is already on disk) the units still to come that will be read
     back count as no time: a resumed run with most settings stored otherwise promises hours for minutes of work
-    (seen: ``ETA 14:23:06`` for 25 minutes, 6 of 72 settings to solve).
+    (seen: ``ETA 14:23:06`` for 1 h 45 min of work, 6 of 72 settings to solve).
     """
 
     def __init__(self, total: float, clock: Callable[[], float] = time.perf_counter,
@@ -91,7 +91,7 @@ class Eta:
         if self.solved <= 0:
             return None
         pace = self.elapsed / self.solved
-        return sum(self._pace(self.kind(index), pace) for index in self._to_solve(int(self.done)))
+        return sum(self._pace(self._kind(index), pace) for index in self._to_solve(int(self.done)))
 
     def left_in_unit(self, fraction: float) -> float | None:
         """Seconds still to go while the current unit is ``fraction`` done (a progress bar within a setting): the
@@ -105,10 +105,10 @@ class Eta:
         if pace is None:
             return None
         index = int(self.done)
-        current = in_unit * (1 - fraction) / fraction if fraction > 0 else self._pace(self.kind(index), pace)
-        return current + sum(self._pace(self.kind(later), pace) for later in self._to_solve(index + 1))
+        current = in_unit * (1 - fraction) / fraction if fraction > 0 else self._pace(self._kind(index), pace)
+        return current + sum(self._pace(self._kind(later), pace) for later in self._to_solve(index + 1))
 
-    def kind(self, index: int) -> str | None:
+    def _kind(self, index: int) -> str | None:
         return self.kinds[index] if self.kinds is not None and index < len(self.kinds) else None
 
     def _to_solve(self, start: int) -> list[int]:
